@@ -1,0 +1,3 @@
+from gnnio_cli.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""One place for what the CLI prints: rich tables for people, JSON for pipes.
+
+Tables and progress go through these helpers so every subcommand looks the
+same; with ``--json`` a command writes exactly one JSON document to stdout and
+nothing else (progress and notes go to stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any, Iterable, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+stdout = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
+
+
+def _plain(value: Any) -> Any:
+    """Make numpy/torch scalars and arrays JSON-serialisable."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return _plain(asdict(value))
+    return value
+
+
+def emit_json(document: Any) -> None:
+    """Write one JSON document to stdout."""
+    sys.stdout.write(json.dumps(_plain(document), indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """Human formatting for table cells: thousands separators, short floats."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "-"
+        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+            return f"{value:.{digits}g}"
+        return f"{value:,.{digits}f}".rstrip("0").rstrip(".") if "." in f"{value:.{digits}f}" else f"{value:,}"
+    return str(value)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> Table:
+    """A rich table with the first column left-aligned and the rest right-aligned."""
+    out = Table(title=title, caption=caption, title_justify="left")
+    for i, name in enumerate(columns):
+        out.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        out.add_row(*(fmt(cell) for cell in row))
+    return out
+
+
+def key_value_table(title: str, pairs: Iterable[tuple[str, Any]]) -> Table:
+    return table(title, ["", ""], pairs)
+
+
+def note(message: str) -> None:
+    """A remark for people, on stderr so stdout stays clean for pipes."""
+    stderr.print(message, highlight=False)

@@ -1,0 +1,213 @@
+"""The Graph: an immutable pair of compressed adjacency structures.
+
+Direction contract (as PyG's ``flow="source_to_target"``): ``edge_index[0]`` is
+the source, ``edge_index[1]`` the target, messages are aggregated at the
+target. The **CSR has one row per target** (its in-neighbours); the **CSC has
+one row per source** (its out-neighbours) and serves backward passes that need
+per-source gradients without atomics. Both keep ``eid``, the position of each
+slot's edge in the original edge list, for edge features and returned
+attention weights.
+
+Derived structures (device copies, degree buckets, normalised edge values,
+cuSPARSE handles) are computed once and kept in the graph's cache, keyed by
+name, device and dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph.build import compress
+
+INT32_MAX = 2**31 - 1
+
+
+def index_dtype(num_nodes: int) -> torch.dtype:
+    """Column indices are int32 while every node id fits, int64 beyond."""
+    return torch.int32 if num_nodes <= INT32_MAX else torch.int64
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A directed graph in CSR-by-target and CSC-by-source form.
+
+    csr_indptr:  int64 [num_dst_nodes + 1]
+    csr_indices: int32/int64 [E], the source of each slot
+    csr_eid:     int64 [E], original edge id of each CSR slot
+    csc_indptr:  int64 [num_src_nodes + 1]
+    csc_indices: int32/int64 [E], the target of each slot
+    csc_eid:     int64 [E], original edge id of each CSC slot
+    node_ids:    int64 [N] original ids when the input's ids were relabelled
+
+    Within a row, slots keep the original edge order (stable construction).
+    Duplicate edges and self-loops are kept as given: the file converter
+    removes them on request, layers see exactly the edges they are handed.
+    """
+
+    csr_indptr: torch.Tensor
+    csr_indices: torch.Tensor
+    csr_eid: torch.Tensor
+    csc_indptr: torch.Tensor
+    csc_indices: torch.Tensor
+    csc_eid: torch.Tensor
+    num_src_nodes: int
+    num_dst_nodes: int
+    node_ids: Optional[torch.Tensor] = None
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # ---------------------------------------------------------------- build
+    @staticmethod
+    def from_edge_index(
+        edge_index,
+        num_nodes: Optional[int] = None,
+        size: Optional[tuple[int, int]] = None,
+        node_ids=None,
+    ) -> "Graph":
+        """Build from a [2, E] edge list (row 0 sources, row 1 targets).
+
+        `size=(num_src, num_dst)` gives a bipartite graph; otherwise both sides
+        have `num_nodes` nodes (default: largest id + 1).
+        """
+        if isinstance(edge_index, torch.Tensor):
+            edge_index = edge_index.detach().to("cpu").numpy()
+        edge_index = np.asarray(edge_index)
+        if edge_index.ndim != 2 or edge_index.shape[0] != 2:
+            raise GnnioError(f"Graph.from_edge_index: edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
+        src = np.ascontiguousarray(edge_index[0], dtype=np.int64)
+        dst = np.ascontiguousarray(edge_index[1], dtype=np.int64)
+        if size is None:
+            if num_nodes is None:
+                num_nodes = int(max(src.max(initial=-1), dst.max(initial=-1)) + 1)
+            size = (num_nodes, num_nodes)
+        num_src, num_dst = int(size[0]), int(size[1])
+        if src.size:
+            if src.min() < 0 or dst.min() < 0:
+                raise GnnioError("Graph.from_edge_index: edge_index holds negative node ids")
+            if src.max() >= num_src or dst.max() >= num_dst:
+                raise GnnioError(
+                    f"Graph.from_edge_index: node id out of range for size ({num_src}, {num_dst}): "
+                    f"max source {int(src.max())}, max target {int(dst.max())}"
+                )
+        return Graph.from_arrays(src, dst, num_src, num_dst, node_ids=node_ids)
+
+    @staticmethod
+    def from_arrays(src: np.ndarray, dst: np.ndarray, num_src: int, num_dst: int, node_ids=None) -> "Graph":
+        """Build from validated int64 source and target arrays (edge ids = positions)."""
+        csr_indptr, csr_eid = compress(dst, num_dst)
+        csc_indptr, csc_eid = compress(src, num_src)
+        idx = index_dtype(max(num_src, num_dst))
+        np_idx = np.int32 if idx == torch.int32 else np.int64
+        return Graph(
+            csr_indptr=torch.from_numpy(csr_indptr),
+            csr_indices=torch.from_numpy(src[csr_eid].astype(np_idx, copy=False)),
+            csr_eid=torch.from_numpy(csr_eid),
+            csc_indptr=torch.from_numpy(csc_indptr),
+            csc_indices=torch.from_numpy(dst[csc_eid].astype(np_idx, copy=False)),
+            csc_eid=torch.from_numpy(csc_eid),
+            num_src_nodes=int(num_src),
+            num_dst_nodes=int(num_dst),
+            node_ids=None if node_ids is None else torch.as_tensor(node_ids, dtype=torch.int64),
+        )
+
+    # ----------------------------------------------------------- properties
+    @property
+    def num_nodes(self) -> int:
+        return max(self.num_src_nodes, self.num_dst_nodes)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.csr_indices.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.csr_indptr.device
+
+    @property
+    def is_bipartite(self) -> bool:
+        return self.num_src_nodes != self.num_dst_nodes
+
+    @property
+    def in_degree(self) -> torch.Tensor:
+        """int64 [num_dst_nodes]: CSR row lengths."""
+        return self.cached("in_degree", lambda: self.csr_indptr.diff())
+
+    @property
+    def out_degree(self) -> torch.Tensor:
+        """int64 [num_src_nodes]: CSC row lengths."""
+        return self.cached("out_degree", lambda: self.csc_indptr.diff())
+
+    @property
+    def csr_rows(self) -> torch.Tensor:
+        """int64 [E]: the target of each CSR slot (COO row ids beside the CSR)."""
+        return self.cached(
+            "csr_rows",
+            lambda: torch.repeat_interleave(
+                torch.arange(self.num_dst_nodes, device=self.device), self.in_degree, output_size=self.num_edges
+            ),
+        )
+
+    def edge_index(self) -> torch.Tensor:
+        """int64 [2, E] in original edge order (row 0 sources, row 1 targets)."""
+
+        def build():
+            out = torch.empty(2, self.num_edges, dtype=torch.int64, device=self.device)
+            out[0, self.csr_eid] = self.csr_indices.long()
+            out[1, self.csr_eid] = self.csr_rows
+            return out
+
+        return self.cached("edge_index", build)
+
+    # -------------------------------------------------------------- caching
+    def cached(self, key: Any, build: Callable[[], Any]) -> Any:
+        """Return the derived structure under `key`, building it once."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def to(self, device) -> "Graph":
+        """The same graph on `device` (copies cached per device)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if self.device == device:
+            return self
+
+        def move():
+            return Graph(
+                csr_indptr=self.csr_indptr.to(device),
+                csr_indices=self.csr_indices.to(device),
+                csr_eid=self.csr_eid.to(device),
+                csc_indptr=self.csc_indptr.to(device),
+                csc_indices=self.csc_indices.to(device),
+                csc_eid=self.csc_eid.to(device),
+                num_src_nodes=self.num_src_nodes,
+                num_dst_nodes=self.num_dst_nodes,
+                node_ids=self.node_ids,
+            )
+
+        return self.cached(("to", str(device)), move)
+
+    def permute(self, new_to_old: np.ndarray) -> "Graph":
+        """Relabel nodes: new node i is old node new_to_old[i]. Edge ids keep their meaning."""
+        if self.is_bipartite:
+            raise GnnioError("Graph.permute: bipartite graphs cannot be relabelled with one permutation")
+        new_to_old = np.asarray(new_to_old, dtype=np.int64)
+        old_to_new = np.empty_like(new_to_old)
+        old_to_new[new_to_old] = np.arange(new_to_old.size, dtype=np.int64)
+        edges = self.to("cpu").edge_index().numpy()
+        src, dst = old_to_new[edges[0]], old_to_new[edges[1]]
+        node_ids = self.node_ids.numpy()[new_to_old] if self.node_ids is not None else new_to_old
+        return Graph.from_arrays(src, dst, self.num_nodes, self.num_nodes, node_ids=node_ids)
+
+    def __repr__(self) -> str:
+        side = (
+            f"num_nodes={self.num_nodes}"
+            if not self.is_bipartite
+            else f"num_src_nodes={self.num_src_nodes}, num_dst_nodes={self.num_dst_nodes}"
+        )
+        return f"Graph({side}, num_edges={self.num_edges}, device={self.device})"
