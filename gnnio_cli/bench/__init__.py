@@ -1,0 +1,1 @@
+"""Measuring: timing with CUDA events, peak memory, the byte floor, reports."""

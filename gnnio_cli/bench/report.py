@@ -1,0 +1,235 @@
+"""The library side of `gnnio run` and `gnnio compare`: build, measure, report.
+
+Results are plain dicts of JSON-ready values (what `--json` prints); the CLI
+only renders them.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict
+from typing import Optional
+
+import torch
+
+from gnnio_cli import __version__
+from gnnio_cli.bench import workloads
+from gnnio_cli.bench.measure import Measurement, measure
+from gnnio_cli.bench.timing import copy_bandwidth_gbs
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph import catalog
+
+MIB = float(1 << 20)
+TIMING_COLUMNS = ["run", "backend", "fwd median", "fwd min", "fwd max", "fwd+bwd median", "fwd+bwd min",
+                  "fwd+bwd max", "peak MiB fwd", "peak MiB fwd+bwd", "x floor"]
+
+
+def default_device(device: Optional[str]) -> str:
+    if device is not None:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def environment(device: torch.device) -> dict:
+    info = {
+        "gnnio": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+    }
+    return info
+
+
+def graph_summary(named: catalog.NamedGraph) -> dict:
+    graph = named.graph
+    in_degree = graph.in_degree
+    return {
+        "name": named.name,
+        "origin": named.origin,
+        "num_nodes": graph.num_nodes,
+        "num_edges": graph.num_edges,
+        "max_in_degree": int(in_degree.max()) if in_degree.numel() else 0,
+        "index_dtype": str(graph.csr_indices.dtype).replace("torch.", ""),
+    }
+
+
+def measurement_dict(m: Measurement, label: Optional[str] = None) -> dict:
+    out = {
+        "name": m.name,
+        "label": label or m.backend,
+        "backend": m.backend,
+        "implementations": m.implementations,
+        "forward_ms": asdict(m.forward),
+        "train_ms": asdict(m.train) if m.train else None,
+        "peak_forward_mib": None if m.peak_forward_bytes is None else m.peak_forward_bytes / MIB,
+        "peak_train_mib": None if m.peak_train_bytes is None else m.peak_train_bytes / MIB,
+        "floor_bytes": m.floor_bytes,
+        "floor_ms": m.floor_ms,
+        "floor_ratio": m.floor_ratio,
+    }
+    return out
+
+
+def run_layer(*, layer, graph_spec, features, heads, dtype, device, backend, aggregation_only, backward, repeat, warmup, seed) -> dict:
+    """Build and measure one layer (or its aggregation alone); returns the `--json` document."""
+    device_name = default_device(device)
+    settings = workloads.Settings(layer=layer, features=features, heads=heads, dtype=dtype, device=device_name, seed=seed)
+    torch_device = workloads.check_device(device_name)
+    named = catalog.resolve(graph_spec)
+    if backend == "native" and torch_device.type != "cuda":
+        raise GnnioError("--backend native needs --device cuda (the native kernels are CUDA kernels)")
+    if backend == "native":
+        from gnnio_cli import native
+
+        native.load()
+    build = workloads.op_workload if aggregation_only else workloads.layer_workload
+    workload = build(named.graph, settings)
+    bandwidth = copy_bandwidth_gbs(torch_device)
+    result = measure(workload, torch_device, backend=backend, backward=backward, warmup=warmup, repeat=repeat,
+                     bandwidth_gbs=bandwidth)
+    return {
+        "command": "run",
+        "layer": layer,
+        "scope": "aggregation" if aggregation_only else "layer",
+        "settings": asdict(settings),
+        "graph": graph_summary(named),
+        "environment": environment(torch_device),
+        "copy_bandwidth_gbs": bandwidth,
+        "backend_requested": backend,
+        "measurement": measurement_dict(result),
+    }
+
+
+def summary_pairs(result: dict) -> list[tuple[str, object]]:
+    graph, settings, m = result["graph"], result["settings"], result["measurement"]
+    implementations = ", ".join(f"{op}: {impl}" for op, impl in m["implementations"].items()) or "-"
+    return [
+        ("graph", f"{graph['name']} ({graph['num_nodes']:,} nodes, {graph['num_edges']:,} edges, max in-degree {graph['max_in_degree']:,})"),
+        ("workload", f"{m['name']}, {settings['features']} features, {settings['heads']} heads, {settings['dtype']}"),
+        ("device", f"{result['environment']['device']} ({result['environment']['device_name']})"),
+        ("backend", f"{m['backend']} (asked: {result['backend_requested']})"),
+        ("kernels", implementations),
+        ("copy bandwidth", "-" if result["copy_bandwidth_gbs"] is None else f"{result['copy_bandwidth_gbs']:,.0f} GB/s"),
+    ]
+
+
+def timing_row(m: dict) -> list:
+    train = m["train_ms"] or {}
+    return [
+        m["label"],
+        m["backend"],
+        m["forward_ms"]["median_ms"],
+        m["forward_ms"]["min_ms"],
+        m["forward_ms"]["max_ms"],
+        train.get("median_ms"),
+        train.get("min_ms"),
+        train.get("max_ms"),
+        m["peak_forward_mib"],
+        m["peak_train_mib"],
+        m["floor_ratio"],
+    ]
+
+
+COMPARE_TARGETS = ("reference", "cusparse", "pyg")
+
+
+def _max_error(output: torch.Tensor, oracle: torch.Tensor) -> float:
+    """max |output - oracle| / max(|oracle|, tiny), computed in fp32."""
+    output, oracle = output.detach().float(), oracle.detach().float()
+    scale = oracle.abs().max().clamp_min(1e-12)
+    return float(((output - oracle).abs().max() / scale).item())
+
+
+def _forward_output(workload: workloads.Workload, backend: str) -> torch.Tensor:
+    from gnnio_cli.ops import dispatch
+
+    with dispatch.use_backend(backend), torch.no_grad():
+        return workload.forward()
+
+
+def _pyg_twin(module: torch.nn.Module, settings: workloads.Settings) -> torch.nn.Module:
+    """PyG's layer with `module`'s weights (gnnio's layers share PyG's state_dict keys)."""
+    try:
+        import torch_geometric.nn as pyg_nn
+    except ImportError:
+        raise GnnioError("--against pyg: torch_geometric is not importable; pip install torch-geometric (or drop pyg)") from None
+    twin = workloads.make_layer(settings, pyg_nn)
+    twin.load_state_dict(module.state_dict(), strict=True)
+    return twin
+
+
+def compare_layer(named: catalog.NamedGraph, settings: workloads.Settings, against: list[str], *, scope: str,
+                  backward: bool, repeat: int, warmup: int, bandwidth: Optional[float]) -> dict:
+    """Measure gnnio and each of `against` on the same inputs; speedups and errors relative to gnnio."""
+    device = torch.device(settings.device)
+    timing = dict(backward=backward, repeat=repeat, warmup=warmup, bandwidth_gbs=bandwidth)
+    if scope == "aggregation":
+        subject = workloads.op_workload(named.graph, settings)
+    else:
+        subject = workloads.layer_workload(named.graph, settings)
+    runs = [measurement_dict(measure(subject, device, backend="auto", **timing), label="gnnio")]
+    subject_output = _forward_output(subject, "auto")
+    for target in against:
+        if target == "reference":
+            other, backend = subject, "reference"
+        elif target == "cusparse":
+            other, backend = workloads.spmm_yardstick(named.graph, settings), "reference"
+        elif target == "pyg":
+            if scope != "layer":
+                raise GnnioError("--against pyg compares whole layers: add --scope layer")
+            import torch_geometric.nn as pyg_nn
+
+            twin = _pyg_twin(subject.module, settings)
+            other, backend = workloads.layer_workload(named.graph, settings, pyg_nn, module=twin), "reference"
+        else:
+            raise GnnioError(f"--against {target}: choose from {', '.join(COMPARE_TARGETS)}")
+        run = measurement_dict(measure(other, device, backend=backend, **timing), label=target)
+        if target == "cusparse":
+            run["backend"] = "cusparse"
+        else:
+            run["max_error_vs_gnnio"] = _max_error(subject_output, _forward_output(other, backend))
+        run["gnnio_speedup_forward"] = run["forward_ms"]["median_ms"] / runs[0]["forward_ms"]["median_ms"]
+        if backward:
+            run["gnnio_speedup_train"] = run["train_ms"]["median_ms"] / runs[0]["train_ms"]["median_ms"]
+        if run["peak_train_mib"] and runs[0]["peak_train_mib"]:
+            run["gnnio_memory_ratio_train"] = run["peak_train_mib"] / runs[0]["peak_train_mib"]
+        runs.append(run)
+        del other
+    del subject_output
+    return {"layer": settings.layer, "settings": asdict(settings), "scope": scope, "runs": runs}
+
+
+def compare(*, layers, graph_spec, against, scope, features, heads, dtype, device, backward, repeat, warmup, seed) -> dict:
+    """`gnnio compare`: every layer in `layers` through gnnio and each target, one process, one graph."""
+    device_name = default_device(device)
+    torch_device = workloads.check_device(device_name)
+    named = catalog.resolve(graph_spec)
+    bandwidth = copy_bandwidth_gbs(torch_device)
+    results = []
+    for layer in layers:
+        settings = workloads.Settings(layer=layer, features=features, heads=heads, dtype=dtype, device=device_name, seed=seed)
+        results.append(compare_layer(named, settings, against, scope=scope, backward=backward, repeat=repeat,
+                                     warmup=warmup, bandwidth=bandwidth))
+        if torch_device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {
+        "command": "compare",
+        "graph": graph_summary(named),
+        "environment": environment(torch_device),
+        "copy_bandwidth_gbs": bandwidth,
+        "against": against,
+        "scope": scope,
+        "results": results,
+    }
+
+
+def compare_row(run: dict) -> list:
+    return timing_row(run) + [
+        run.get("gnnio_speedup_forward"),
+        run.get("gnnio_speedup_train"),
+        run.get("max_error_vs_gnnio"),
+    ]
+
+
+COMPARE_COLUMNS = TIMING_COLUMNS + ["gnnio speedup fwd", "gnnio speedup fwd+bwd", "max rel. error"]

@@ -1,0 +1,57 @@
+"""`gnnio compare`: the same inputs through gnnio and other backends, side by side."""
+
+from __future__ import annotations
+
+import click
+
+from gnnio_cli.cli import options
+from gnnio_cli.cli.output import emit_json, key_value_table, stdout, table
+
+
+def _split(ctx, param, value):
+    return [item.strip() for item in value.split(",") if item.strip()] if value else []
+
+
+@click.command("compare")
+@click.option("--layer", "layers", required=True, callback=_split,
+              help=f"Layer(s), comma-separated: {', '.join(options.LAYER_CHOICES)}.")
+@options.graph_option
+@click.option("--against", default="reference,cusparse", show_default=True, callback=_split,
+              help="Comma-separated: reference (PyTorch reference ops), cusparse (torch.sparse CSR SpMM at the "
+                   "same width: the bandwidth yardstick), pyg (PyG 2.8's layer with the same weights; --scope layer).")
+@click.option("--scope", type=click.Choice(["aggregation", "layer"]), default="aggregation", show_default=True,
+              help="aggregation: the op alone (no projections); layer: the whole layer.")
+@options.workload_options
+@options.timing_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
+def command(layers, graph, against, scope, features, heads, dtype, device, backward, repeat, warmup, seed, as_json):
+    """Compare gnnio with the reference, cuSPARSE and PyG on one graph, in one process.
+
+    For each layer: forward and forward+backward time, peak memory, the ratio
+    to the byte floor (at the copy bandwidth measured in this run), gnnio's
+    speedup over each, and the largest error relative to gnnio's output.
+    """
+    from gnnio_cli.bench import report
+    from gnnio_cli.bench.workloads import LAYERS
+    from gnnio_cli.errors import GnnioError
+
+    for layer in layers:
+        if layer not in LAYERS:
+            raise GnnioError(f"--layer {layer}: unknown layer; choose from {', '.join(LAYERS)}")
+    result = report.compare(layers=layers, graph_spec=graph, against=against, scope=scope, features=features,
+                            heads=heads, dtype=dtype, device=device, backward=backward, repeat=repeat,
+                            warmup=warmup, seed=seed)
+    if as_json:
+        emit_json(result)
+        return
+    info = result["graph"]
+    stdout.print(key_value_table("gnnio compare", [
+        ("graph", f"{info['name']} ({info['num_nodes']:,} nodes, {info['num_edges']:,} edges, max in-degree {info['max_in_degree']:,})"),
+        ("device", f"{result['environment']['device']} ({result['environment']['device_name']})"),
+        ("scope", result["scope"]),
+        ("copy bandwidth", "-" if result["copy_bandwidth_gbs"] is None else f"{result['copy_bandwidth_gbs']:,.0f} GB/s"),
+    ]))
+    for entry in result["results"]:
+        settings = entry["settings"]
+        title = f"{entry['layer']} ({settings['features']} features, {settings['heads']} heads, {settings['dtype']}): times in ms"
+        stdout.print(table(title, report.COMPARE_COLUMNS, [report.compare_row(run) for run in entry["runs"]]))
