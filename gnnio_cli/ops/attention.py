@@ -1,0 +1,275 @@
+"""Attention family: edge scores, softmax over each target's in-edges, weighted aggregation.
+
+One op per PyG layer's propagation (GATConv, GATv2Conv, TransformerConv,
+AGNNConv). Each computes a score per (edge, head), turns the scores of each
+target's in-edges into a softmax, optionally applies dropout to those
+weights (training only, like PyG), and sums the weighted messages at the
+target:
+
+    out[t, h] = sum over t's in-edges e = (s, t) of alpha[e, h] * message[e, h]
+
+Shared conventions:
+
+- Rows without in-edges give 0.
+- Per-edge inputs (edge_alpha, edge_feat) and the returned attention weights
+  are in the graph's **original edge order** (eid order), not CSR slot order.
+- ``return_attention=True`` returns ``(out, alpha)``. As in PyG, GAT and GATv2
+  return the weights after dropout, TransformerConv and AGNN before it.
+- Outputs have the inputs' dtype; 16-bit inputs are computed in fp32.
+- Projections, head concat/mean, bias and self-loop insertion are the layer's
+  job, not the op's.
+- Gradients flow to every floating-point input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph import Graph
+from gnnio_cli.ops import dispatch
+from gnnio_cli.ops.segment import (
+    accumulation_dtype,
+    check_same_dtype,
+    check_tensor,
+    eid_to_slot,
+    segment_softmax,
+    segment_sum,
+    slot_sources,
+    slot_targets,
+    slot_to_eid,
+)
+
+AttentionResult = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+
+
+def gat_attention(
+    graph: Graph,
+    x_src: torch.Tensor,
+    alpha_src: torch.Tensor,
+    alpha_dst: torch.Tensor,
+    edge_alpha: Optional[torch.Tensor] = None,
+    *,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    training: bool = False,
+    return_attention: bool = False,
+) -> AttentionResult:
+    """GATConv's attention aggregation (additive score).
+
+    x_src:      [num_src, H, C] projected source features (the messages).
+    alpha_src:  [num_src, H] per-source score term (<x_src, att_src> in PyG).
+    alpha_dst:  [num_dst, H] per-target score term.
+    edge_alpha: optional [E, H] per-edge score term, eid order.
+    score[e, h] = leaky_relu(alpha_src[s, h] + alpha_dst[t, h] + edge_alpha[e, h], negative_slope)
+    Returns out [num_dst, H, C], and with return_attention alpha [E, H] (after dropout).
+    """
+    op = "gat_attention"
+    _check_dropout(op, dropout)
+    heads = _check_heads(op, "x_src", x_src, graph, graph.num_src_nodes)
+    check_tensor(op, "alpha_src", alpha_src, graph, "[N, H]", (graph.num_src_nodes, heads))
+    check_tensor(op, "alpha_dst", alpha_dst, graph, "[N, H]", (graph.num_dst_nodes, heads))
+    if edge_alpha is not None:
+        check_tensor(op, "edge_alpha", edge_alpha, graph, "[E, H]", (graph.num_edges, heads))
+    check_same_dtype(op, x_src=x_src, alpha_src=alpha_src, alpha_dst=alpha_dst, edge_alpha=edge_alpha)
+
+    backend = dispatch.pick(op, x_src, alpha_src, alpha_dst, edge_alpha)
+    if backend == "native":
+        pass  # issue 4: return the fused GAT kernel's result here (it records its own implementation name).
+    dispatch.record(op, "reference")
+    compute = accumulation_dtype(x_src.dtype)
+    sources, targets = slot_sources(graph), slot_targets(graph)
+    scores = alpha_src.to(compute).index_select(0, sources) + alpha_dst.to(compute).index_select(0, targets)
+    if edge_alpha is not None:
+        scores = scores + eid_to_slot(graph, edge_alpha).to(compute)
+    scores = F.leaky_relu(scores, negative_slope)
+    messages = x_src.to(compute).index_select(0, sources)
+    return _softmax_aggregate(
+        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
+    )
+
+
+def gatv2_attention(
+    graph: Graph,
+    x_src: torch.Tensor,
+    x_dst: torch.Tensor,
+    att: torch.Tensor,
+    edge_feat: Optional[torch.Tensor] = None,
+    *,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    training: bool = False,
+    return_attention: bool = False,
+) -> AttentionResult:
+    """GATv2Conv's attention aggregation (LeakyReLU inside the score).
+
+    x_src:     [num_src, H, C] source projection (x_l in PyG; also the message).
+    x_dst:     [num_dst, H, C] target projection (x_r in PyG).
+    att:       [H, C] attention vector.
+    edge_feat: optional [E, H, C] projected edge features, eid order.
+    score[e, h] = sum_c att[h, c] * leaky_relu(x_src[s, h, c] + x_dst[t, h, c] + edge_feat[e, h, c])
+    Returns out [num_dst, H, C], and with return_attention alpha [E, H] (after dropout).
+    """
+    op = "gatv2_attention"
+    _check_dropout(op, dropout)
+    heads = _check_heads(op, "x_src", x_src, graph, graph.num_src_nodes)
+    channels = x_src.shape[2]
+    check_tensor(op, "x_dst", x_dst, graph, "[N, H, C]", (graph.num_dst_nodes, heads, channels))
+    check_tensor(op, "att", att, graph, "[H, C]", (heads, channels))
+    if edge_feat is not None:
+        check_tensor(op, "edge_feat", edge_feat, graph, "[E, H, C]", (graph.num_edges, heads, channels))
+    check_same_dtype(op, x_src=x_src, x_dst=x_dst, att=att, edge_feat=edge_feat)
+
+    backend = dispatch.pick(op, x_src, x_dst, att, edge_feat)
+    if backend == "native":
+        pass  # issue 4: return the fused GATv2 kernel's result here (it records its own implementation name).
+    dispatch.record(op, "reference")
+    compute = accumulation_dtype(x_src.dtype)
+    sources, targets = slot_sources(graph), slot_targets(graph)
+    messages = x_src.to(compute).index_select(0, sources)
+    hidden = messages + x_dst.to(compute).index_select(0, targets)
+    if edge_feat is not None:
+        hidden = hidden + eid_to_slot(graph, edge_feat).to(compute)
+    scores = (F.leaky_relu(hidden, negative_slope) * att.to(compute)).sum(-1)
+    return _softmax_aggregate(
+        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
+    )
+
+
+def transformer_attention(
+    graph: Graph,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    edge_feat: Optional[torch.Tensor] = None,
+    *,
+    dropout: float = 0.0,
+    training: bool = False,
+    return_attention: bool = False,
+) -> AttentionResult:
+    """TransformerConv's attention aggregation (scaled dot product).
+
+    query:     [num_dst, H, C] from the target.
+    key:       [num_src, H, C] from the source.
+    value:     [num_src, H, C] from the source.
+    edge_feat: optional [E, H, C] projected edge features, eid order, added to
+               both the key and the value of its edge (as PyG).
+    score[e, h] = <query[t, h], key[s, h] + edge_feat[e, h]> / sqrt(C)
+    message[e, h] = value[s, h] + edge_feat[e, h]
+    Returns out [num_dst, H, C], and with return_attention alpha [E, H] (before dropout).
+    """
+    op = "transformer_attention"
+    _check_dropout(op, dropout)
+    heads = _check_heads(op, "query", query, graph, graph.num_dst_nodes)
+    channels = query.shape[2]
+    check_tensor(op, "key", key, graph, "[N, H, C]", (graph.num_src_nodes, heads, channels))
+    check_tensor(op, "value", value, graph, "[N, H, C]", (graph.num_src_nodes, heads, channels))
+    if edge_feat is not None:
+        check_tensor(op, "edge_feat", edge_feat, graph, "[E, H, C]", (graph.num_edges, heads, channels))
+    check_same_dtype(op, query=query, key=key, value=value, edge_feat=edge_feat)
+
+    backend = dispatch.pick(op, query, key, value, edge_feat)
+    if backend == "native":
+        pass  # issue 4: return the fused Transformer kernel's result here (it records its own implementation name).
+    dispatch.record(op, "reference")
+    compute = accumulation_dtype(query.dtype)
+    sources, targets = slot_sources(graph), slot_targets(graph)
+    keys = key.to(compute).index_select(0, sources)
+    messages = value.to(compute).index_select(0, sources)
+    if edge_feat is not None:
+        edge_slot = eid_to_slot(graph, edge_feat).to(compute)
+        keys = keys + edge_slot
+        messages = messages + edge_slot
+    scores = (query.to(compute).index_select(0, targets) * keys).sum(-1) / math.sqrt(channels)
+    return _softmax_aggregate(
+        graph, scores, messages, dropout, training, return_attention, query.dtype, return_dropped=False
+    )
+
+
+def agnn_attention(
+    graph: Graph,
+    x_src: torch.Tensor,
+    x_dst: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    dropout: float = 0.0,
+    training: bool = False,
+    return_attention: bool = False,
+) -> AttentionResult:
+    """AGNNConv's attention aggregation (scaled cosine similarity, one head).
+
+    x_src: [num_src, C] source features (the messages, not normalised).
+    x_dst: [num_dst, C] target features (the same tensor as x_src in AGNNConv).
+    beta:  a tensor with one element (AGNNConv's temperature).
+    score[e] = beta * <x_src[s] / |x_src[s]|, x_dst[t] / |x_dst[t]|>  (F.normalize, eps 1e-12)
+    Returns out [num_dst, C], and with return_attention alpha [E] (before dropout;
+    PyG's AGNNConv has no dropout, the option is here for uniformity).
+    """
+    op = "agnn_attention"
+    _check_dropout(op, dropout)
+    check_tensor(op, "x_src", x_src, graph, "[N, C]", (graph.num_src_nodes, None))
+    check_tensor(op, "x_dst", x_dst, graph, "[N, C]", (graph.num_dst_nodes, x_src.shape[1]))
+    if not isinstance(beta, torch.Tensor) or beta.numel() != 1:
+        shape = tuple(beta.shape) if isinstance(beta, torch.Tensor) else type(beta).__name__
+        raise GnnioError(f"agnn_attention: beta must be a tensor with one element, got shape {shape}")
+    check_tensor(op, "beta", beta.reshape(()), graph, "[]", ())
+    check_same_dtype(op, x_src=x_src, x_dst=x_dst)
+
+    backend = dispatch.pick(op, x_src, x_dst, beta)
+    if backend == "native":
+        pass  # issue 4: return the fused AGNN kernel's result here (it records its own implementation name).
+    dispatch.record(op, "reference")
+    compute = accumulation_dtype(x_src.dtype)
+    sources, targets = slot_sources(graph), slot_targets(graph)
+    src_unit = F.normalize(x_src.to(compute), p=2.0, dim=-1).index_select(0, sources)
+    dst_unit = F.normalize(x_dst.to(compute), p=2.0, dim=-1).index_select(0, targets)
+    scores = beta.to(compute).reshape(()) * (src_unit * dst_unit).sum(-1, keepdim=True)
+    messages = x_src.to(compute).index_select(0, sources).unsqueeze(1)
+    result = _softmax_aggregate(
+        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=False
+    )
+    if return_attention:
+        out, alpha = result
+        return out.squeeze(1), alpha.squeeze(1)
+    return result.squeeze(1)
+
+
+# ----------------------------------------------------------------- shared
+def _check_heads(op: str, name: str, tensor: torch.Tensor, graph: Graph, num_nodes: int) -> int:
+    """Check a [N, H, C] tensor; return H."""
+    check_tensor(op, name, tensor, graph, "[N, H, C]", (num_nodes, None, None))
+    return tensor.shape[1]
+
+
+def _check_dropout(op: str, dropout: float) -> None:
+    if not 0.0 <= dropout <= 1.0:
+        raise GnnioError(f"{op}: dropout must be between 0 and 1, got {dropout}")
+
+
+def _softmax_aggregate(
+    graph: Graph,
+    scores: torch.Tensor,
+    messages: torch.Tensor,
+    dropout: float,
+    training: bool,
+    return_attention: bool,
+    out_dtype: torch.dtype,
+    *,
+    return_dropped: bool,
+) -> AttentionResult:
+    """Softmax of slot-order scores [E, H] per target, dropout, sum of alpha * messages [E, H, C].
+
+    return_dropped: whether the returned weights are taken after dropout (GAT,
+    GATv2) or before it (TransformerConv, AGNN).
+    """
+    alpha = segment_softmax(graph, scores)
+    dropped = F.dropout(alpha, p=dropout, training=training)
+    out = segment_sum(graph, messages * dropped.unsqueeze(-1)).to(out_dtype)
+    if not return_attention:
+        return out
+    returned = dropped if return_dropped else alpha
+    return out, slot_to_eid(graph, returned).to(out_dtype)

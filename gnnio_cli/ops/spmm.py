@@ -1,0 +1,218 @@
+"""SpMM family: weighted sum/mean over each target's in-edges, and GCN propagation.
+
+``spmm`` computes ``out[t] = sum over CSR row t of w_e * x[src_e]`` (or the mean
+over the row's edges), ``gcn_norm`` reproduces PyG 2.8's ``gcn_norm`` on a Graph,
+and ``gcn_propagate`` is the two together.
+
+Each public function validates its inputs, asks :func:`dispatch.pick` for a
+backend, and runs either the native kernels or the pure-PyTorch reference
+below (any device, autograd, fp32 accumulation for 16-bit inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph import Graph
+from gnnio_cli.ops import dispatch
+from gnnio_cli.ops.segment import (
+    accumulation_dtype,
+    check_tensor,
+    eid_to_slot,
+    segment_sum,
+    slot_sources,
+)
+
+SPMM_REDUCTIONS = ("sum", "mean")
+
+
+def spmm(graph: Graph, x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None, reduce: str = "sum") -> torch.Tensor:
+    """Aggregate source features at each target, optionally weighted per edge.
+
+    graph:       the edges; messages flow source -> target (CSR row = target).
+    x:           [num_src, F] or [num_src, *trailing] (trailing dims are flattened
+                 and restored).
+    edge_weight: optional [E] scalar weight per edge, in the graph's original edge
+                 order (eid order), not CSR slot order.
+    reduce:      "sum": out[t] = sum_e w_e * x[src_e] over t's in-edges;
+                 "mean": that sum divided by t's in-degree (edge count).
+    Returns [num_dst, *trailing] in x's dtype; rows without in-edges are 0.
+    Gradients flow to x and edge_weight. Deterministic on CPU.
+    """
+    op = "spmm"
+    if reduce not in SPMM_REDUCTIONS:
+        raise GnnioError(f"{op}: reduce must be one of {', '.join(SPMM_REDUCTIONS)}, got '{reduce}'")
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise GnnioError(f"{op}: x must have at least 2 dims [N, F], got shape {shape}")
+    check_tensor(op, "x", x, graph, "[N, *]", (graph.num_src_nodes, *x.shape[1:]))
+    if edge_weight is not None:
+        check_tensor(op, "edge_weight", edge_weight, graph, "[E]", (graph.num_edges,))
+
+    backend = dispatch.pick(op, x, edge_weight)
+    if backend == "native":
+        pass  # issue 3: return the native SpMM's result here (it records its own implementation name).
+    dispatch.record(op, "reference")
+    return spmm_reference(graph, x, edge_weight, reduce)
+
+
+def spmm_reference(
+    graph: Graph, x: torch.Tensor, edge_weight: Optional[torch.Tensor], reduce: str
+) -> torch.Tensor:
+    """Pure-PyTorch :func:`spmm` (inputs already validated): gather, scale, index_add."""
+    compute = accumulation_dtype(x.dtype)
+    features = x.reshape(x.shape[0], -1).to(compute)
+    messages = features.index_select(0, slot_sources(graph))
+    if edge_weight is not None:
+        messages = messages * eid_to_slot(graph, edge_weight).to(compute).unsqueeze(1)
+    out = segment_sum(graph, messages)
+    if reduce == "mean":
+        out = out / graph.in_degree.clamp(min=1).to(compute).unsqueeze(1)
+    return out.to(x.dtype).reshape(graph.num_dst_nodes, *x.shape[1:])
+
+
+# ----------------------------------------------------------------- GCN
+def gcn_norm(
+    graph: Graph,
+    edge_weight: Optional[torch.Tensor] = None,
+    *,
+    improved: bool = False,
+    add_self_loops: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Graph, torch.Tensor]:
+    """PyG 2.8 ``gcn_norm`` (flow source_to_target) on a Graph.
+
+    With add_self_loops, every existing self-loop is removed and one loop per
+    node appended (PyG's ``add_remaining_self_loops``): the result's edges are
+    the non-loop edges in their original order, then (i, i) for i = 0..N-1. A
+    node that had a self-loop keeps that loop's weight (the last one in edge
+    order when it had several); the others get 2 if `improved` else 1.
+    As in PyG, without `edge_weight` every edge, loops included, weighs 1, so
+    `improved` has no effect then.
+
+    deg[t] = sum of the weights of t's in-edges; the normalised value of edge
+    (s, t) is deg[s]^-1/2 * w * deg[t]^-1/2, with 0 where a degree is 0.
+
+    edge_weight: optional [E] in the graph's eid order; its dtype is kept.
+    dtype:       dtype of the values when edge_weight is None.
+    Returns (graph with the loops, values [E'] in that graph's eid order).
+    Without edge_weight the result is cached on the graph per (options,
+    device, dtype); with it, the values carry gradients to edge_weight.
+    """
+    op = "gcn_norm"
+    if graph.is_bipartite:
+        raise GnnioError(
+            f"{op}: needs as many sources as targets, got {graph.num_src_nodes} sources "
+            f"and {graph.num_dst_nodes} targets"
+        )
+    if edge_weight is not None:
+        check_tensor(op, "edge_weight", edge_weight, graph, "[E]", (graph.num_edges,))
+        return _gcn_norm_reference(graph, edge_weight, improved, add_self_loops, edge_weight.dtype)
+    key = ("gcn_norm", improved, add_self_loops, str(graph.device), dtype)
+    return graph.cached(key, lambda: _gcn_norm_reference(graph, None, improved, add_self_loops, dtype))
+
+
+def gcn_propagate(
+    graph: Graph,
+    x: torch.Tensor,
+    edge_weight: Optional[torch.Tensor] = None,
+    *,
+    improved: bool = False,
+    add_self_loops: bool = True,
+    normalize: bool = True,
+) -> torch.Tensor:
+    """GCNConv's propagation without the linear map and bias: [N, F] -> [N, F].
+
+    With `normalize`, aggregates with :func:`gcn_norm`'s values over the
+    self-looped graph (PyG semantics); without, a plain weighted sum over the
+    graph's own edges (no loops added, as PyG). Returns x's dtype; 16-bit inputs
+    are accumulated (and normalised) in fp32.
+    """
+    op = "gcn_propagate"
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise GnnioError(f"{op}: x must have at least 2 dims [N, F], got shape {shape}")
+    check_tensor(op, "x", x, graph, "[N, *]", (graph.num_src_nodes, *x.shape[1:]))
+    if edge_weight is not None:
+        check_tensor(op, "edge_weight", edge_weight, graph, "[E]", (graph.num_edges,))
+
+    backend = dispatch.pick(op, x, edge_weight)
+    if backend == "native":
+        pass  # issue 3: return the native GCN propagation here (it records its own implementation name).
+    dispatch.record(op, "reference")
+    if not normalize:
+        return spmm_reference(graph, x, edge_weight, "sum")
+    norm_dtype = edge_weight.dtype if edge_weight is not None else accumulation_dtype(x.dtype)
+    looped, values = gcn_norm(
+        graph, edge_weight, improved=improved, add_self_loops=add_self_loops, dtype=norm_dtype
+    )
+    return spmm_reference(looped, x, values, "sum")
+
+
+def _gcn_norm_reference(
+    graph: Graph,
+    edge_weight: Optional[torch.Tensor],
+    improved: bool,
+    add_self_loops: bool,
+    dtype: torch.dtype,
+) -> tuple[Graph, torch.Tensor]:
+    if add_self_loops:
+        loops = _remaining_self_loops(graph)
+        out_graph = loops.graph
+        if edge_weight is None:
+            weights = torch.ones(out_graph.num_edges, dtype=dtype, device=graph.device)
+        else:
+            fill = torch.full_like(loops.existing_loop_eid, 2.0 if improved else 1.0, dtype=edge_weight.dtype)
+            had_loop = loops.existing_loop_eid >= 0
+            loop_weights = torch.where(had_loop, edge_weight[loops.existing_loop_eid.clamp(min=0)], fill)
+            weights = torch.cat([edge_weight[loops.kept_eid], loop_weights])
+    else:
+        out_graph = graph
+        weights = edge_weight if edge_weight is not None else torch.ones(graph.num_edges, dtype=dtype, device=graph.device)
+    source, target = out_graph.edge_index()
+    degree = weights.new_zeros(out_graph.num_dst_nodes).index_add(0, target, weights)
+    inv_sqrt = degree.pow(-0.5)
+    inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
+    return out_graph, inv_sqrt[source] * weights * inv_sqrt[target]
+
+
+@dataclass(frozen=True)
+class _SelfLooped:
+    """A graph with its self-loops replaced by one loop per node, and how its edges map back.
+
+    graph:             the non-loop edges in original order, then (i, i) for every node i
+    kept_eid:          int64 [E - loops]: original eid of each non-loop edge, in order
+    existing_loop_eid: int64 [N]: eid of node i's last self-loop in the original graph, or -1
+    """
+
+    graph: Graph
+    kept_eid: torch.Tensor
+    existing_loop_eid: torch.Tensor
+
+
+def _remaining_self_loops(graph: Graph) -> _SelfLooped:
+    """Cached on the graph: the structure is the same for every weighting."""
+
+    def build() -> _SelfLooped:
+        num_nodes = graph.num_nodes
+        source, target = graph.edge_index()
+        is_loop = source == target
+        kept_eid = torch.nonzero(~is_loop).flatten()
+        loop_eid = torch.nonzero(is_loop).flatten()
+        existing_loop_eid = torch.full((num_nodes,), -1, dtype=torch.int64, device=graph.device)
+        existing_loop_eid = existing_loop_eid.scatter_reduce(0, source[loop_eid], loop_eid, "amax")
+        nodes = np.arange(num_nodes, dtype=np.int64)
+        looped = Graph.from_arrays(
+            np.concatenate([source[kept_eid].cpu().numpy(), nodes]),
+            np.concatenate([target[kept_eid].cpu().numpy(), nodes]),
+            num_nodes,
+            num_nodes,
+        ).to(graph.device)
+        return _SelfLooped(looped, kept_eid, existing_loop_eid)
+
+    return graph.cached("remaining_self_loops", build)
