@@ -1,0 +1,164 @@
+"""The acceptance benchmarks of the kernel issues, in one process on a GPU.
+
+Runs the same comparisons as `gnnio compare --json` (through the same
+library function) on the standard graphs, writes each comparison's JSON and
+a verdict file to --out, and prints a short table last: one line per
+criterion with the measured ratio, the bound and pass/fail.
+
+    python -m gnnio_cli.bench.acceptance --out DIR [--suite spmm,attention] [--graphs rmat20,uniform20,grid1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from gnnio_cli.bench import report
+
+SPMM_LAYERS = ["gcn", "sage-sum", "sage-mean"]
+REDUCE_LAYERS = ["sage-max", "sage-min"]
+ATTENTION_LAYERS = ["gatv2", "transformer", "gat", "agnn"]
+
+
+@dataclass
+class Verdict:
+    suite: str
+    graph: str
+    criterion: str
+    measured: float
+    bound: float
+    passed: bool
+
+
+def _median(run: dict, phase: str) -> float:
+    key = "forward_ms" if phase == "forward" else "train_ms"
+    return run[key]["median_ms"]
+
+
+def _runs(entry: dict) -> dict:
+    return {run["label"]: run for run in entry["runs"]}
+
+
+def _compare(graph: str, layers, against, scope: str, dtype: str = "fp32", repeat: int = 10) -> dict:
+    return report.compare(layers=layers, graph_spec=graph, against=against, scope=scope, features=128, heads=4,
+                          dtype=dtype, device="cuda", backward=True, repeat=repeat, warmup=3, seed=0)
+
+
+def _aggregation_verdicts(suite, graph, result, bounds) -> list[Verdict]:
+    """Forward and fwd+bwd of each op relative to the cuSPARSE SpMM measured in the same run."""
+    verdicts = []
+    for entry in result["results"]:
+        runs = _runs(entry)
+        gnnio, spmm = runs["gnnio"], runs["cusparse"]
+        fwd_bound, train_bound = bounds[entry["layer"]]
+        fwd = _median(gnnio, "forward") / _median(spmm, "forward")
+        train = _median(gnnio, "train") / _median(spmm, "forward")
+        verdicts.append(Verdict(suite, graph, f"{entry['layer']} fwd / SpMM", fwd, fwd_bound, fwd <= fwd_bound))
+        verdicts.append(Verdict(suite, graph, f"{entry['layer']} fwd+bwd / SpMM", train, train_bound, train <= train_bound))
+        if suite == "spmm":
+            element = 4 if entry["settings"]["dtype"] == "fp32" else 2
+            needed_mib = 2 * result["graph"]["num_nodes"] * entry["settings"]["features"] * element / 2**20
+            memory = gnnio["peak_train_mib"] / needed_mib
+            verdicts.append(Verdict(suite, graph, f"{entry['layer']} fwd+bwd peak / (out + grad_in)", memory, 1.3,
+                                    memory <= 1.3))
+    return verdicts
+
+
+def _bf16_verdicts(suite, graph, fp32, bf16) -> list[Verdict]:
+    verdicts = []
+    for entry32, entry16 in zip(fp32["results"], bf16["results"]):
+        speedup = _median(_runs(entry32)["gnnio"], "forward") / _median(_runs(entry16)["gnnio"], "forward")
+        verdicts.append(Verdict(suite, graph, f"{entry32['layer']} bf16 speedup over fp32 (fwd)", speedup, 1.5, speedup >= 1.5))
+    return verdicts
+
+
+def _layer_verdicts(suite, graph, result, speedup_bound, memory_bound) -> list[Verdict]:
+    verdicts = []
+    for entry in result["results"]:
+        runs = _runs(entry)
+        gnnio, pyg = runs["gnnio"], runs["pyg"]
+        speedup = _median(pyg, "train") / _median(gnnio, "train")
+        verdicts.append(Verdict(suite, graph, f"{entry['layer']} layer train speedup over PyG", speedup, speedup_bound,
+                                speedup >= speedup_bound))
+        kind, bound = memory_bound
+        if kind == "fraction_of_pyg":
+            ratio = gnnio["peak_train_mib"] / pyg["peak_train_mib"]
+            verdicts.append(Verdict(suite, graph, f"{entry['layer']} layer peak memory / PyG", ratio, bound, ratio <= bound))
+        else:
+            mib = gnnio["peak_train_mib"]
+            verdicts.append(Verdict(suite, graph, f"{entry['layer']} layer peak train MiB", mib, bound, mib <= bound))
+    return verdicts
+
+
+def run_spmm_suite(graphs, out: Path) -> list[Verdict]:
+    verdicts = []
+    bounds = {layer: (1.05, 2.3) for layer in SPMM_LAYERS} | {layer: (1.3, 2.5) for layer in REDUCE_LAYERS}
+    for graph in graphs:
+        fp32 = _compare(graph, SPMM_LAYERS + REDUCE_LAYERS, ["cusparse"], "aggregation")
+        _write(out / f"spmm_{graph}_fp32.json", fp32)
+        verdicts += _aggregation_verdicts("spmm", graph, fp32, bounds)
+        if graph == "rmat20":
+            bf16 = _compare(graph, SPMM_LAYERS + REDUCE_LAYERS, ["cusparse"], "aggregation", dtype="bf16")
+            _write(out / f"spmm_{graph}_bf16.json", bf16)
+            verdicts += _bf16_verdicts("spmm", graph, fp32, bf16)
+            layers = _compare(graph, ["gcn", "sage-max"], ["pyg"], "layer", repeat=5)
+            _write(out / f"spmm_{graph}_layers.json", layers)
+            verdicts += _layer_verdicts("spmm", graph, layers, 10.0, ("fraction_of_pyg", 1 / 8))
+        torch.cuda.empty_cache()
+    return verdicts
+
+
+def run_attention_suite(graphs, out: Path) -> list[Verdict]:
+    verdicts = []
+    bounds = {layer: (2.0, 6.0) for layer in ATTENTION_LAYERS}
+    for graph in graphs:
+        fp32 = _compare(graph, ATTENTION_LAYERS, ["cusparse"], "aggregation")
+        _write(out / f"attention_{graph}_fp32.json", fp32)
+        verdicts += _aggregation_verdicts("attention", graph, fp32, bounds)
+        if graph == "rmat20":
+            bf16 = _compare(graph, ATTENTION_LAYERS, ["cusparse"], "aggregation", dtype="bf16")
+            _write(out / f"attention_{graph}_bf16.json", bf16)
+            verdicts += _bf16_verdicts("attention", graph, fp32, bf16)
+            layers = _compare(graph, ["gatv2", "transformer", "gat"], ["pyg"], "layer", repeat=5)
+            _write(out / f"attention_{graph}_layers.json", layers)
+            verdicts += _layer_verdicts("attention", graph, layers, 15.0, ("absolute_mib", 4.5 * 1000**3 / 2**20))
+        torch.cuda.empty_cache()
+    return verdicts
+
+
+def _write(path: Path, document: dict) -> None:
+    path.write_text(json.dumps(document, indent=1))
+
+
+SUITES = {"spmm": run_spmm_suite, "attention": run_attention_suite}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--suite", default="spmm,attention")
+    parser.add_argument("--graphs", default="rmat20,uniform20,grid1024")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    verdicts: list[Verdict] = []
+    started = time.time()
+    for suite in args.suite.split(","):
+        try:
+            verdicts += SUITES[suite](args.graphs.split(","), args.out)
+        except Exception as err:  # keep the other suites' numbers when one fails
+            print(f"suite {suite} failed: {type(err).__name__}: {err}", flush=True)
+            verdicts.append(Verdict(suite, "-", f"suite ran ({type(err).__name__})", 0.0, 1.0, False))
+    (args.out / "verdicts.json").write_text(json.dumps([asdict(v) for v in verdicts], indent=1))
+    print(f"\nacceptance ({time.time() - started:.0f} s): suite graph criterion measured bound pass")
+    for v in verdicts:
+        print(f"{v.suite:9s} {v.graph:9s} {v.criterion:45s} {v.measured:9.3f} {v.bound:9.3f} {'PASS' if v.passed else 'FAIL'}")
+    return 0 if all(v.passed for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
