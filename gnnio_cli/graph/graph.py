@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from gnnio_cli.errors import GnnioError
-from gnnio_cli.graph.build import compress
+from gnnio_cli.graph.build import group_by
 
 INT32_MAX = 2**31 - 1
 
@@ -98,16 +98,16 @@ class Graph:
     @staticmethod
     def from_arrays(src: np.ndarray, dst: np.ndarray, num_src: int, num_dst: int, node_ids=None) -> "Graph":
         """Build from validated int64 source and target arrays (edge ids = positions)."""
-        csr_indptr, csr_eid = compress(dst, num_dst)
-        csc_indptr, csc_eid = compress(src, num_src)
         idx = index_dtype(max(num_src, num_dst))
         np_idx = np.int32 if idx == torch.int32 else np.int64
+        csr_indptr, csr_eid, csr_indices = group_by(dst, num_dst, values=src, value_dtype=np_idx)
+        csc_indptr, csc_eid, csc_indices = group_by(src, num_src, values=dst, value_dtype=np_idx)
         return Graph(
             csr_indptr=torch.from_numpy(csr_indptr),
-            csr_indices=torch.from_numpy(src[csr_eid].astype(np_idx, copy=False)),
+            csr_indices=torch.from_numpy(csr_indices),
             csr_eid=torch.from_numpy(csr_eid),
             csc_indptr=torch.from_numpy(csc_indptr),
-            csc_indices=torch.from_numpy(dst[csc_eid].astype(np_idx, copy=False)),
+            csc_indices=torch.from_numpy(csc_indices),
             csc_eid=torch.from_numpy(csc_eid),
             num_src_nodes=int(num_src),
             num_dst_nodes=int(num_dst),
