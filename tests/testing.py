@@ -1,0 +1,138 @@
+"""Shared test helpers: dtype and device lists, random graphs with edge cases, dense oracles.
+
+The same tests run in CPU CI and on the GPU machine: 'cuda' appears in
+DEVICES only when torch sees a GPU. Append new helpers; do not reshape these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import torch
+
+from gnnio_cli.graph import Graph
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+INDEX_DTYPES = [torch.int32, torch.int64]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def random_graph(
+    num_nodes: int,
+    num_edges: int,
+    *,
+    hub_degree: int = 0,
+    empty_rows: bool = True,
+    self_loops: bool = True,
+    duplicates: bool = True,
+    seed: int,
+    num_dst_nodes: Optional[int] = None,
+) -> Graph:
+    """A seeded random graph with the edge cases kernels get wrong, edges in shuffled order.
+
+    num_nodes:     sources (and targets, unless num_dst_nodes makes it bipartite).
+    num_edges:     random edges before the extras below.
+    hub_degree:    in-edges added to one target (a super node), 0 for none.
+    empty_rows:    about a quarter of the targets get no in-edges; on a
+                   non-bipartite graph one of them is isolated (no out-edges either).
+    self_loops:    add loops (i, i), one node with two; False removes all loops.
+                   Only for non-bipartite graphs.
+    duplicates:    repeat about a tenth of the edges; False removes all repeats.
+    """
+    rng = np.random.default_rng(seed)
+    num_src = num_nodes
+    num_dst = num_nodes if num_dst_nodes is None else num_dst_nodes
+    bipartite = num_dst_nodes is not None and num_dst_nodes != num_nodes
+
+    targets_allowed = np.arange(num_dst)
+    sources_allowed = np.arange(num_src)
+    if empty_rows and num_dst >= 2:
+        empty = rng.choice(num_dst, size=max(1, num_dst // 4), replace=False)
+        targets_allowed = np.setdiff1d(targets_allowed, empty)
+        if not bipartite:
+            sources_allowed = np.setdiff1d(sources_allowed, empty[:1])
+
+    src = rng.choice(sources_allowed, size=num_edges)
+    dst = rng.choice(targets_allowed, size=num_edges)
+    if hub_degree:
+        hub = targets_allowed[0]
+        src = np.concatenate([src, rng.choice(sources_allowed, size=hub_degree)])
+        dst = np.concatenate([dst, np.full(hub_degree, hub)])
+    if self_loops and not bipartite:
+        looped = np.intersect1d(sources_allowed, targets_allowed)
+        loops = rng.choice(looped, size=max(1, num_edges // 20))
+        loops = np.concatenate([loops, loops[:1]])
+        src, dst = np.concatenate([src, loops]), np.concatenate([dst, loops])
+    elif not self_loops:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+    if duplicates and src.size:
+        again = rng.choice(src.size, size=max(1, src.size // 10))
+        src, dst = np.concatenate([src, src[again]]), np.concatenate([dst, dst[again]])
+    elif not duplicates:
+        pairs = np.unique(np.stack([src, dst], axis=1), axis=0)
+        src, dst = pairs[:, 0], pairs[:, 1]
+    order = rng.permutation(src.size)
+    return Graph.from_edge_index(np.stack([src[order], dst[order]]), size=(num_src, num_dst))
+
+
+def with_index_dtype(graph: Graph, dtype: torch.dtype) -> Graph:
+    """The same graph with its column indices (csr_indices, csc_indices) stored as `dtype`."""
+    return dataclasses.replace(
+        graph,
+        csr_indices=graph.csr_indices.to(dtype),
+        csc_indices=graph.csc_indices.to(dtype),
+        _cache={},
+    )
+
+
+def edge_list(graph: Graph) -> list[tuple[int, int]]:
+    """(source, target) of every edge in eid order, as Python ints."""
+    source, target = graph.to("cpu").edge_index().tolist()
+    return list(zip(source, target))
+
+
+def dense_adjacency(graph: Graph, edge_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fp64 [num_dst, num_src]: A[t, s] = sum of the weights of edges s -> t (duplicates add up).
+
+    Built with a Python loop over the edge list, independently of the ops.
+    """
+    adjacency = torch.zeros(graph.num_dst_nodes, graph.num_src_nodes, dtype=torch.float64)
+    weights = [1.0] * graph.num_edges if edge_weight is None else edge_weight.double().cpu().tolist()
+    for (source, target), weight in zip(edge_list(graph), weights):
+        adjacency[target, source] += weight
+    return adjacency
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, device="cpu", generator=None) -> torch.Tensor:
+    """Standard normal values (never zeros), created in fp32 and cast, so every dtype sees the same numbers."""
+    return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|, computed in fp64."""
+    if expected.numel() == 0:
+        return 0.0
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    scale = max(expected.abs().max().item(), 1e-30)
+    return (actual - expected).abs().max().item() / scale
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float = 1e-6, rtol: float = 1e-5) -> None:
+    """Compare in fp64 on the CPU (shapes must match; dtypes may differ)."""
+    torch.testing.assert_close(
+        actual.detach().double().cpu(), expected.detach().double().cpu(), atol=atol, rtol=rtol
+    )
+
+
+def assert_within_torch_error(actual: torch.Tensor, oracle: torch.Tensor, torch_result: torch.Tensor) -> None:
+    """16-bit rule: actual's error against the fp32/fp64 oracle is at most 2x plain PyTorch's.
+
+    torch_result is the same computation done by plain PyTorch at actual's precision.
+    A small floor keeps exact PyTorch results from demanding exactness.
+    """
+    allowed = 2 * relative_error(torch_result, oracle) + 1e-3
+    error = relative_error(actual, oracle)
+    assert error <= allowed, f"relative error {error:.3g} exceeds 2x PyTorch's {allowed:.3g}"
