@@ -66,7 +66,12 @@ def main(argv=None) -> None:
         click.echo("gnnio: aborted", err=True)
         sys.exit(130)
     except click.ClickException as err:
-        err.show()
+        # Usage errors too become one line; `--help` shows the full usage.
+        hint = ""
+        if isinstance(err, click.UsageError) and err.ctx is not None:
+            hint = f" (see '{err.ctx.command_path} --help')"
+        message = " ".join(err.format_message().split())
+        click.echo(f"gnnio: error: {message}{hint}", err=True)
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
