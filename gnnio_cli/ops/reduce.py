@@ -19,7 +19,7 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch
 from gnnio_cli.ops.segment import (
     accumulation_dtype,
-    check_tensor,
+    check_node_features,
     segment_extremum,
     segment_sum,
     slot_sources,
@@ -41,10 +41,7 @@ def aggregate(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:
     op = "aggregate"
     if reduce not in REDUCTIONS:
         raise GnnioError(f"{op}: reduce must be one of {', '.join(REDUCTIONS)}, got '{reduce}'")
-    if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise GnnioError(f"{op}: x must have at least 2 dims [N, F], got shape {shape}")
-    check_tensor(op, "x", x, graph, "[N, *]", (graph.num_src_nodes, *x.shape[1:]))
+    check_node_features(op, "x", x, graph, graph.num_src_nodes)
 
     backend = dispatch.pick(op, x)
     if backend == "native":

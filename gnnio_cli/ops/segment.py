@@ -55,6 +55,14 @@ def check_tensor(
     return tensor
 
 
+def check_node_features(op: str, name: str, tensor, graph: Graph, num_nodes: int) -> torch.Tensor:
+    """Check a [num_nodes, *] feature tensor of at least 2 dims (trailing dims free)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2:
+        shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise GnnioError(f"{op}: {name} must have at least 2 dims [N, F], got shape {shape}")
+    return check_tensor(op, name, tensor, graph, "[N, *]", (num_nodes, *tensor.shape[1:]))
+
+
 def check_same_dtype(op: str, **tensors: Optional[torch.Tensor]) -> None:
     """All given (non-None) tensors share one dtype."""
     present = {name: t for name, t in tensors.items() if t is not None}

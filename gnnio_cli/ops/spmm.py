@@ -22,6 +22,7 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch
 from gnnio_cli.ops.segment import (
     accumulation_dtype,
+    check_node_features,
     check_tensor,
     eid_to_slot,
     segment_sum,
@@ -47,10 +48,7 @@ def spmm(graph: Graph, x: torch.Tensor, edge_weight: Optional[torch.Tensor] = No
     op = "spmm"
     if reduce not in SPMM_REDUCTIONS:
         raise GnnioError(f"{op}: reduce must be one of {', '.join(SPMM_REDUCTIONS)}, got '{reduce}'")
-    if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise GnnioError(f"{op}: x must have at least 2 dims [N, F], got shape {shape}")
-    check_tensor(op, "x", x, graph, "[N, *]", (graph.num_src_nodes, *x.shape[1:]))
+    check_node_features(op, "x", x, graph, graph.num_src_nodes)
     if edge_weight is not None:
         check_tensor(op, "edge_weight", edge_weight, graph, "[E]", (graph.num_edges,))
 
@@ -134,10 +132,7 @@ def gcn_propagate(
     are accumulated (and normalised) in fp32.
     """
     op = "gcn_propagate"
-    if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise GnnioError(f"{op}: x must have at least 2 dims [N, F], got shape {shape}")
-    check_tensor(op, "x", x, graph, "[N, *]", (graph.num_src_nodes, *x.shape[1:]))
+    check_node_features(op, "x", x, graph, graph.num_src_nodes)
     if edge_weight is not None:
         check_tensor(op, "edge_weight", edge_weight, graph, "[E]", (graph.num_edges,))
 
