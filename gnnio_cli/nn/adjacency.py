@@ -1,0 +1,288 @@
+"""Turning what a PyG layer is handed into a cached :class:`Graph`.
+
+PyG layers accept the edges three ways, and so do gnnio's:
+
+- an ``edge_index`` tensor ``[2, E]`` (row 0 sources, row 1 targets);
+- a torch sparse adjacency (COO, CSR or CSC) in PyG's ``adj_t`` convention:
+  shape ``[num_dst, num_src]``, entry ``[t, s]`` is the edge s -> t, its value
+  the edge weight (or the edge features, for values of shape ``[nnz, D]``);
+- a gnnio :class:`Graph` (its edges in its own edge-id order).
+
+Building the CSR/CSC structures costs a sort, so the Graph built for an
+``edge_index`` or sparse tensor is cached *on that tensor object* (weakly:
+the entry dies with the tensor) and stamped with the tensor's version counter,
+storage address and shape. A tensor changed in place, or a different tensor
+with the same contents, is never served a stale Graph: the former fails the
+stamp and is rebuilt, the latter has its own entry.
+
+Edge order. A Graph's edge ids follow the order PyG itself uses, so per-edge
+inputs and returned attention weights line up with PyG's: the columns of
+``edge_index``; for sparse inputs, the order of ``to_edge_index`` (row-major
+for COO, which is coalesced first, and CSR; column-major for CSC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph import Graph
+
+SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+LOOP_FILL_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean", "min": "amin", "max": "amax"}
+
+EdgesInput = Union[Tensor, Graph]
+FillValue = Union[None, float, int, Tensor, str]
+
+# edge_index or sparse tensor -> {(num_src, num_dst, device): (stamp, Adjacency)}
+_ADJACENCY_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Adjacency:
+    """The edges one layer call aggregates over.
+
+    graph:  the Graph on the features' device; its edge ids are PyG's edge order.
+    values: a sparse input's values in edge-id order, [E] (weights) or [E, D]
+            (features); None for edge_index and Graph inputs. Read fresh on
+            every call, so they may carry gradients.
+    layout: the sparse input's layout (None for edge_index and Graph inputs),
+            used to hand attention weights back as PyG does.
+    """
+
+    graph: Graph
+    values: Optional[Tensor] = None
+    layout: Optional[torch.layout] = None
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.layout is not None
+
+    def edge_index(self) -> Tensor:
+        """int64 [2, E] on the graph's device, in edge-id order."""
+        return self.graph.edge_index()
+
+    def to_sparse(self, values: Tensor) -> Tensor:
+        """A sparse ``adj_t`` [num_dst, num_src] of this adjacency's layout holding `values` [E, ...].
+
+        For CSR and COO inputs (and CSC without added self-loops) the result's
+        value order equals edge-id order, so ``result.values()`` lines up with `values`.
+        """
+        source, target = self.edge_index()
+        size = (self.graph.num_dst_nodes, self.graph.num_src_nodes, *values.shape[1:])
+        coo = torch.sparse_coo_tensor(torch.stack([target, source]), values, size).coalesce()
+        if self.layout == torch.sparse_csr:
+            return coo.to_sparse_csr()
+        if self.layout == torch.sparse_csc:
+            return coo.to_sparse_csc()
+        return coo
+
+
+def as_adjacency(edges: EdgesInput, num_src: int, num_dst: int, device: torch.device) -> Adjacency:
+    """The cached Adjacency for `edges` with `num_src` sources and `num_dst` targets on `device`.
+
+    edges: int [2, E] edge_index, torch sparse adj_t [num_dst, num_src], or a Graph.
+    """
+    if isinstance(edges, Graph):
+        if (edges.num_src_nodes, edges.num_dst_nodes) != (num_src, num_dst):
+            raise GnnioError(
+                f"the graph has {edges.num_src_nodes} sources and {edges.num_dst_nodes} targets, "
+                f"but the node features give {num_src} and {num_dst}"
+            )
+        return Adjacency(edges.to(device))
+    if not isinstance(edges, Tensor):
+        raise GnnioError(
+            f"edge_index must be an integer tensor [2, E], a torch sparse adjacency or a gnnio Graph, "
+            f"got {type(edges).__name__}"
+        )
+    if edges.layout in SPARSE_LAYOUTS:
+        return _sparse_adjacency(edges, num_src, num_dst, device)
+    if edges.layout != torch.strided:
+        raise GnnioError(f"edge_index: unsupported tensor layout {edges.layout}")
+    if edges.dtype.is_floating_point or edges.dtype.is_complex or edges.dtype == torch.bool:
+        raise GnnioError(f"edge_index must hold integers, got dtype {edges.dtype}")
+    if edges.dim() != 2 or edges.shape[0] != 2:
+        raise GnnioError(f"edge_index must have shape [2, E], got {tuple(edges.shape)}")
+    key = (num_src, num_dst, str(device))
+    stamp = (edges._version, edges.data_ptr(), tuple(edges.shape), edges.dtype)
+
+    def build() -> Adjacency:
+        return Adjacency(Graph.from_edge_index(edges, size=(num_src, num_dst)).to(device))
+
+    return _cached(edges, key, stamp, build)
+
+
+def _cached(tensor: Tensor, key, stamp, build) -> Adjacency:
+    entries = _ADJACENCY_CACHE.get(tensor)
+    if entries is None:
+        entries = _ADJACENCY_CACHE[tensor] = {}
+    entry = entries.get(key)
+    if entry is None or entry[0] != stamp:
+        entry = entries[key] = (stamp, build())
+    return entry[1]
+
+
+def _sparse_edges(adj: Tensor) -> tuple[Tensor, Tensor]:
+    """int64 (sources, targets) of a sparse adj_t in PyG's to_edge_index order."""
+    if adj.layout == torch.sparse_coo:
+        targets, sources = (adj.coalesce() if not adj.is_coalesced() else adj).indices()
+        return sources, targets
+    if adj.layout == torch.sparse_csr:
+        rows = torch.repeat_interleave(torch.arange(adj.shape[0], device=adj.device), adj.crow_indices().diff())
+        return adj.col_indices().long(), rows
+    cols = torch.repeat_interleave(torch.arange(adj.shape[1], device=adj.device), adj.ccol_indices().diff())
+    return cols, adj.row_indices().long()
+
+
+def _sparse_adjacency(adj: Tensor, num_src: int, num_dst: int, device: torch.device) -> Adjacency:
+    if adj.dim() < 2 or (adj.shape[0], adj.shape[1]) != (num_dst, num_src):
+        raise GnnioError(
+            f"sparse adjacency must have shape [num_dst, num_src] = [{num_dst}, {num_src}] (PyG's adj_t), "
+            f"got {tuple(adj.shape)}"
+        )
+    if adj.layout == torch.sparse_coo:
+        parts = (adj._indices(),)
+    elif adj.layout == torch.sparse_csr:
+        parts = (adj.crow_indices(), adj.col_indices())
+    else:
+        parts = (adj.ccol_indices(), adj.row_indices())
+    stamp = (adj.is_coalesced() if adj.layout == torch.sparse_coo else True,) + tuple(
+        (part._version, part.data_ptr(), tuple(part.shape)) for part in parts
+    )
+    key = (num_src, num_dst, str(device))
+
+    def build() -> Adjacency:
+        sources, targets = _sparse_edges(adj)
+        edge_index = torch.stack([sources, targets]).detach()
+        return Adjacency(Graph.from_edge_index(edge_index, size=(num_src, num_dst)).to(device), layout=adj.layout)
+
+    structure = _cached(adj, key, stamp, build)
+    coalesced = adj.coalesce() if adj.layout == torch.sparse_coo and not adj.is_coalesced() else adj
+    return Adjacency(structure.graph, coalesced.values().to(device), adj.layout)
+
+
+# ----------------------------------------------------------- self-loops
+@dataclass(frozen=True)
+class _LoopedEdges:
+    """How a graph with its self-loops replaced by one loop per node maps to the original.
+
+    graph:    the looped graph; edge ids: the kept (non-loop) edges in order, then
+              loops (i, i) for i = 0..num_loops-1, then (row_major) sorted by (target, source)
+    kept_eid: int64 [E_kept]: original edge id of every kept edge, in order
+    order:    int64 [E_kept + num_loops] or None: the re-sort applied for sparse inputs
+    """
+
+    graph: Graph
+    kept_eid: Tensor
+    order: Optional[Tensor]
+
+
+def _looped_edges(graph: Graph, num_loops: int, row_major: bool) -> _LoopedEdges:
+    def build() -> _LoopedEdges:
+        source, target = graph.to("cpu").edge_index().numpy()
+        kept = np.flatnonzero(source != target)
+        loops = np.arange(num_loops, dtype=np.int64)
+        new_source = np.concatenate([source[kept], loops])
+        new_target = np.concatenate([target[kept], loops])
+        order = None
+        if row_major:
+            order = np.lexsort((new_source, new_target))
+            new_source, new_target = new_source[order], new_target[order]
+        looped = Graph.from_arrays(new_source, new_target, graph.num_src_nodes, graph.num_dst_nodes).to(graph.device)
+        as_tensor = lambda array: torch.from_numpy(np.ascontiguousarray(array)).to(graph.device)
+        return _LoopedEdges(looped, as_tensor(kept), None if order is None else as_tensor(order))
+
+    return graph.cached(("gnnio.nn.self_loops", num_loops, row_major), build)
+
+
+def loop_fill(edge_attr: Tensor, target: Tensor, num_loops: int, fill_value: FillValue) -> Tensor:
+    """Edge features [num_loops, *] for new self-loops, from the other edges' features (PyG's rules).
+
+    edge_attr: [E, *] features of the non-loop edges; target: int64 [E] their targets.
+    fill_value: None -> ones; a number -> that number; a tensor -> broadcast to
+    every loop; "add"/"sum"/"mean"/"min"/"max" -> that reduction of each node's
+    incoming edge features (0 for a node without in-edges).
+    """
+    size = (num_loops, *edge_attr.shape[1:])
+    if fill_value is None:
+        return edge_attr.new_ones(size)
+    if isinstance(fill_value, (int, float)) and not isinstance(fill_value, bool):
+        return edge_attr.new_full(size, float(fill_value))
+    if isinstance(fill_value, Tensor):
+        value = fill_value.to(edge_attr.device, edge_attr.dtype)
+        if value.dim() != edge_attr.dim():
+            value = value.unsqueeze(0)
+        return value.expand(size).contiguous()
+    if isinstance(fill_value, str) and fill_value in LOOP_FILL_REDUCTIONS:
+        inside = target < num_loops
+        index = target[inside].view(-1, *([1] * (edge_attr.dim() - 1))).expand(-1, *edge_attr.shape[1:])
+        return edge_attr.new_zeros(size).scatter_reduce(
+            0, index, edge_attr[inside], LOOP_FILL_REDUCTIONS[fill_value], include_self=False
+        )
+    raise GnnioError(
+        f"fill_value must be None, a number, a tensor or one of {', '.join(LOOP_FILL_REDUCTIONS)}, got {fill_value!r}"
+    )
+
+
+def with_self_loops(
+    adjacency: Adjacency, num_loops: int, edge_attr: Optional[Tensor] = None, fill_value: FillValue = None
+) -> tuple[Adjacency, Optional[Tensor]]:
+    """Remove every self-loop, then add (i, i) for i < num_loops (PyG's GAT/GATv2/AGNN rule).
+
+    edge_attr: optional [E, *] in edge-id order; the loops get :func:`loop_fill`
+    of the remaining edges' features. A sparse input's values are carried the
+    same way (loop values from `fill_value`). For sparse inputs the edges are
+    then sorted by (target, source), as PyG re-coalesces the adjacency.
+    Returns the looped Adjacency and the looped edge_attr (None if not given).
+    """
+    looped = _looped_edges(adjacency.graph, num_loops, row_major=adjacency.is_sparse)
+    _, target = adjacency.edge_index()
+    kept_target = target.index_select(0, looped.kept_eid)
+
+    def carry(per_edge: Optional[Tensor]) -> Optional[Tensor]:
+        if per_edge is None:
+            return None
+        kept = per_edge.index_select(0, looped.kept_eid)
+        joined = torch.cat([kept, loop_fill(kept, kept_target, num_loops, fill_value)])
+        return joined if looped.order is None else joined.index_select(0, looped.order)
+
+    return Adjacency(looped.graph, carry(adjacency.values), adjacency.layout), carry(edge_attr)
+
+
+def appended_self_loops(graph: Graph, num_loops: int) -> Graph:
+    """`graph` with (i, i) appended for i < num_loops, existing loops kept.
+
+    This is PyG's ``add_self_loops`` as GCN applies it to a sparse adjacency.
+    Edge ids: the original edges, then the new loops.
+    """
+
+    def build() -> Graph:
+        source, target = graph.to("cpu").edge_index().numpy()
+        loops = np.arange(num_loops, dtype=np.int64)
+        return Graph.from_arrays(
+            np.concatenate([source, loops]), np.concatenate([target, loops]), graph.num_src_nodes, graph.num_dst_nodes
+        ).to(graph.device)
+
+    return graph.cached(("gnnio.nn.appended_self_loops", num_loops), build)
+
+
+def edge_messages_graph(graph: Graph) -> Graph:
+    """A graph with one source per edge of `graph`: edge e becomes (e -> target of e).
+
+    Aggregating per-edge messages [E, F] over it reduces each target's in-edges,
+    which is how weighted max/min (a sparse adjacency's values times the
+    features) is computed with the plain aggregation op.
+    """
+
+    def build() -> Graph:
+        _, target = graph.to("cpu").edge_index().numpy()
+        edge_ids = np.arange(graph.num_edges, dtype=np.int64)
+        return Graph.from_arrays(edge_ids, target, graph.num_edges, graph.num_dst_nodes).to(graph.device)
+
+    return graph.cached("gnnio.nn.edge_messages", build)

@@ -1,0 +1,313 @@
+"""GATConv and GATv2Conv: attention over each target's in-edges, as PyG 2.8."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.nn.adjacency import Adjacency, EdgesInput, FillValue, with_self_loops
+from gnnio_cli.nn.base import ConvBase, NodeFeatures, Size, returned_edges, split_pair
+from gnnio_cli.nn.linear import Linear, glorot_, zeros_
+from gnnio_cli.ops import attention
+
+AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
+
+
+class _AttentionConv(ConvBase):
+    """What GATConv and GATv2Conv share: self-loops, edge features, heads, residual, bias, returns."""
+
+    def _edges_with_loops(
+        self, edge_index: EdgesInput, adjacency: Adjacency, num_loops: int, edge_attr: Optional[Tensor]
+    ) -> tuple[Adjacency, Optional[Tensor]]:
+        """PyG's self-loop step: drop existing loops, add one per node (with fill_value edge features).
+
+        A sparse input's values of shape [E, D] stand in for edge_attr when
+        none is given, as PyG reads them.
+        """
+        if self.add_self_loops:
+            adjacency, edge_attr = with_self_loops(adjacency, num_loops, edge_attr, self.fill_value)
+        if edge_attr is None and adjacency.values is not None and adjacency.values.dim() == 2:
+            edge_attr = adjacency.values
+        return adjacency, edge_attr
+
+    def _projected_edges(self, edge_attr: Optional[Tensor]) -> Optional[Tensor]:
+        """lin_edge(edge_attr) as [E, H, C], or None when there is nothing to project."""
+        if edge_attr is None or self.lin_edge is None:
+            return None
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+
+    def _finish(
+        self,
+        out: Tensor,
+        residual: Optional[Tensor],
+        alpha: Optional[Tensor],
+        edge_index: EdgesInput,
+        adjacency: Adjacency,
+        return_attention_weights: Optional[bool],
+    ) -> AttentionOutput:
+        """Heads concat/mean, residual, bias, and PyG's return structure."""
+        out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
+        if residual is not None:
+            out = out + residual
+        if self.bias is not None:
+            out = out + self.bias
+        if not return_attention_weights:
+            return out
+        if adjacency.is_sparse:
+            return out, (adjacency.to_sparse(alpha), alpha)
+        return out, (returned_edges(edge_index, adjacency, changed=self.add_self_loops), alpha)
+
+
+class GATConv(_AttentionConv):
+    """Graph attention (Velickovic et al.), as PyG 2.8's GATConv.
+
+    in_channels:    int (one shared projection `lin`), or (source, target) widths
+                    (projections `lin_src`, `lin_dst`); -1 is lazy.
+    out_channels:   width per head C; heads H.
+    concat:         concatenate heads ([N, H*C]) or average them ([N, C]).
+    negative_slope: of the LeakyReLU on scores. dropout: on attention weights, training only.
+    add_self_loops: drop existing loops and add one per node (loop edge features from fill_value:
+                    a number, a tensor or a reduction name, default "mean").
+    edge_dim:       width of edge features; enables lin_edge and att_edge.
+    residual:       add res(x_dst) (no bias) to the output.
+
+    forward(x or (x_src, x_dst), edge_index, edge_attr=None, size=None, return_attention_weights=None)
+    returns out, or with return_attention_weights=True (out, (edge_index, alpha [E', H])) where
+    edge_index includes the added loops; for a sparse adj_t input, (out, (adj_t with alpha values, alpha)).
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, tuple[int, int]],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: Optional[int] = None,
+        fill_value: FillValue = "mean",
+        bias: bool = True,
+        residual: bool = False,
+        **kwargs,
+    ):
+        kwargs.setdefault("aggr", "add")
+        super().__init__(node_dim=0, **kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+        width = heads * out_channels
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            self.lin = Linear(in_channels, width, bias=False, weight_initializer="glorot")
+        else:
+            self.lin_src = Linear(in_channels[0], width, False, weight_initializer="glorot")
+            self.lin_dst = Linear(in_channels[1], width, False, weight_initializer="glorot")
+        self.att_src = Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = Parameter(torch.empty(1, heads, out_channels))
+        if edge_dim is not None:
+            self.lin_edge = Linear(edge_dim, width, bias=False, weight_initializer="glorot")
+            self.att_edge = Parameter(torch.empty(1, heads, out_channels))
+        else:
+            self.lin_edge = None
+            self.register_parameter("att_edge", None)
+        total_out_channels = out_channels * (heads if concat else 1)
+        if residual:
+            target_width = in_channels if isinstance(in_channels, int) else in_channels[1]
+            self.res = Linear(target_width, total_out_channels, bias=False, weight_initializer="glorot")
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = Parameter(torch.empty(total_out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for linear in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):
+            if linear is not None:
+                linear.reset_parameters()
+        glorot_(self.att_src)
+        glorot_(self.att_dst)
+        glorot_(self.att_edge)
+        zeros_(self.bias)
+
+    def forward(
+        self,
+        x: NodeFeatures,
+        edge_index: EdgesInput,
+        edge_attr: Optional[Tensor] = None,
+        size: Size = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> AttentionOutput:
+        heads, channels = self.heads, self.out_channels
+        x_src, x_dst = split_pair(x)
+        if x_src.dim() != 2:
+            raise GnnioError(f"GATConv: node features must be [N, F], got shape {tuple(x_src.shape)}")
+        residual = self.res(x_dst) if self.res is not None and x_dst is not None else None
+        project_src = self.lin if self.lin is not None else self.lin_src
+        project_dst = self.lin if self.lin is not None else self.lin_dst
+        h_src = project_src(x_src).view(-1, heads, channels)
+        if isinstance(x, Tensor) and self.lin is not None:
+            h_dst = h_src
+        else:
+            h_dst = None if x_dst is None else project_dst(x_dst).view(-1, heads, channels)
+        adjacency = self.adjacency(edge_index, x_src, x_dst, size)
+        graph = adjacency.graph
+        alpha_src = (h_src * self.att_src).sum(dim=-1)
+        if h_dst is not None:
+            alpha_dst = (h_dst * self.att_dst).sum(dim=-1)
+        else:
+            alpha_dst = alpha_src.new_zeros(graph.num_dst_nodes, heads)
+        # PyG's loop count: min(size) if given, else the smaller side; never beyond the graph's sides.
+        given_size = [side for side in (size or ()) if side is not None]
+        if given_size:
+            num_loops = min(given_size)
+        else:
+            num_loops = x_src.shape[0] if x_dst is None else min(x_src.shape[0], x_dst.shape[0])
+        num_loops = min(num_loops, graph.num_src_nodes, graph.num_dst_nodes)
+        adjacency, edge_attr = self._edges_with_loops(edge_index, adjacency, num_loops, edge_attr)
+        edge_features = self._projected_edges(edge_attr)
+        edge_alpha = None if edge_features is None else (edge_features * self.att_edge).sum(dim=-1)
+        result = attention.gat_attention(
+            adjacency.graph,
+            h_src,
+            alpha_src,
+            alpha_dst,
+            edge_alpha,
+            negative_slope=self.negative_slope,
+            dropout=self.dropout,
+            training=self.training,
+            return_attention=bool(return_attention_weights),
+        )
+        out, alpha = result if return_attention_weights else (result, None)
+        return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+class GATv2Conv(_AttentionConv):
+    """GATv2 (Brody et al.: LeakyReLU inside the score), as PyG 2.8's GATv2Conv.
+
+    Options as GATConv, plus:
+    share_weights: one projection for sources and targets (lin_r is lin_l).
+    The projections lin_l (sources) and lin_r (targets) carry a bias when `bias`.
+    edge_attr requires edge_dim.
+
+    forward(x or (x_src, x_dst), edge_index, edge_attr=None, return_attention_weights=None),
+    returning as GATConv.
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, tuple[int, int]],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: Optional[int] = None,
+        fill_value: FillValue = "mean",
+        bias: bool = True,
+        share_weights: bool = False,
+        residual: bool = False,
+        **kwargs,
+    ):
+        super().__init__(node_dim=0, **kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+        self.share_weights = share_weights
+        width = heads * out_channels
+        widths = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
+        self.lin_l = Linear(widths[0], width, bias=bias, weight_initializer="glorot")
+        if share_weights:
+            self.lin_r = self.lin_l
+        else:
+            self.lin_r = Linear(widths[1], width, bias=bias, weight_initializer="glorot")
+        self.att = Parameter(torch.empty(1, heads, out_channels))
+        if edge_dim is not None:
+            self.lin_edge = Linear(edge_dim, width, bias=False, weight_initializer="glorot")
+        else:
+            self.lin_edge = None
+        total_out_channels = out_channels * (heads if concat else 1)
+        if residual:
+            self.res = Linear(widths[1], total_out_channels, bias=False, weight_initializer="glorot")
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = Parameter(torch.empty(total_out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.lin_l.reset_parameters()
+        self.lin_r.reset_parameters()
+        if self.lin_edge is not None:
+            self.lin_edge.reset_parameters()
+        if self.res is not None:
+            self.res.reset_parameters()
+        glorot_(self.att)
+        zeros_(self.bias)
+
+    def forward(
+        self,
+        x: NodeFeatures,
+        edge_index: EdgesInput,
+        edge_attr: Optional[Tensor] = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> AttentionOutput:
+        heads, channels = self.heads, self.out_channels
+        x_src, x_dst = split_pair(x)
+        if x_src.dim() != 2 or x_dst is None:
+            raise GnnioError("GATv2Conv: needs node features [N, F] or a pair of them (x_dst may not be None)")
+        residual = self.res(x_dst) if self.res is not None else None
+        h_src = self.lin_l(x_src).view(-1, heads, channels)
+        if isinstance(x, Tensor) and self.share_weights:
+            h_dst = h_src
+        else:
+            h_dst = self.lin_r(x_dst).view(-1, heads, channels)
+        if edge_attr is not None and self.lin_edge is None:
+            raise GnnioError("GATv2Conv: edge_attr was given but the layer has no edge_dim; construct it with edge_dim")
+        adjacency = self.adjacency(edge_index, x_src, x_dst)
+        num_loops = min(x_src.shape[0], x_dst.shape[0])
+        adjacency, edge_attr = self._edges_with_loops(edge_index, adjacency, num_loops, edge_attr)
+        result = attention.gatv2_attention(
+            adjacency.graph,
+            h_src,
+            h_dst,
+            self.att.view(heads, channels),
+            self._projected_edges(edge_attr),
+            negative_slope=self.negative_slope,
+            dropout=self.dropout,
+            training=self.training,
+            return_attention=bool(return_attention_weights),
+        )
+        out, alpha = result if return_attention_weights else (result, None)
+        return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -1,0 +1,143 @@
+"""The dense linear map inside every layer, with PyG 2.8's initialisers and lazy sizes.
+
+:class:`Linear` mirrors ``torch_geometric.nn.dense.Linear`` so that gnnio's layers
+have the same parameters, the same ``state_dict`` keys (``weight``, ``bias``)
+and, for a given ``torch.manual_seed``, the same initial values as PyG's: every
+initialiser draws from the global generator in the same order and amount.
+``in_channels=-1`` defers the weight's shape to the first forward call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.parameter import Parameter, UninitializedParameter, is_lazy
+
+from gnnio_cli.errors import GnnioError
+
+WEIGHT_INITIALIZERS = ("glorot", "uniform", "kaiming_uniform", None)
+BIAS_INITIALIZERS = ("zeros", None)
+
+
+def glorot_(tensor: Optional[Tensor]) -> None:
+    """Uniform in +-sqrt(6 / (fan_in + fan_out)) over the last two dims, in place; None is skipped."""
+    if tensor is not None:
+        bound = math.sqrt(6.0 / (tensor.size(-2) + tensor.size(-1)))
+        tensor.data.uniform_(-bound, bound)
+
+
+def zeros_(tensor: Optional[Tensor]) -> None:
+    """Fill with 0 in place; None is skipped."""
+    if tensor is not None:
+        tensor.data.fill_(0.0)
+
+
+def reset_module(module) -> None:
+    """Reset a user-supplied module (e.g. GINConv's ``nn``) as PyG does.
+
+    Calls its ``reset_parameters`` when it has one, else recurses into its
+    children, so a ``torch.nn.Sequential`` of Linear layers is re-drawn.
+    """
+    if hasattr(module, "reset_parameters"):
+        module.reset_parameters()
+    else:
+        for child in module.children() if hasattr(module, "children") else []:
+            reset_module(child)
+
+
+class Linear(torch.nn.Module):
+    """x @ weight.T + bias, for x: [*, in_channels] -> [*, out_channels].
+
+    weight_initializer: "glorot", "uniform" (+-1/sqrt(in)), "kaiming_uniform" or
+    None (torch.nn.Linear's default, which is kaiming_uniform with a = sqrt(5)).
+    bias_initializer: "zeros" or None (uniform in +-1/sqrt(in), as torch.nn.Linear).
+    in_channels = -1 (or 0) makes the weight lazy: its shape is taken from the
+    first input and it is initialised then.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        bias: bool = True,
+        weight_initializer: Optional[str] = None,
+        bias_initializer: Optional[str] = None,
+    ):
+        super().__init__()
+        if weight_initializer not in WEIGHT_INITIALIZERS:
+            raise GnnioError(f"Linear: weight_initializer must be one of {WEIGHT_INITIALIZERS}, got {weight_initializer!r}")
+        if bias_initializer not in BIAS_INITIALIZERS:
+            raise GnnioError(f"Linear: bias_initializer must be one of {BIAS_INITIALIZERS}, got {bias_initializer!r}")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.weight_initializer = weight_initializer
+        self.bias_initializer = bias_initializer
+        if in_channels > 0:
+            self.weight = Parameter(torch.empty(out_channels, in_channels))
+        else:
+            self.weight = UninitializedParameter()
+            self._lazy_hook = self.register_forward_pre_hook(self._materialize_from_input)
+        if bias:
+            self.bias = Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-draw weight and bias (nothing happens while the weight is lazy)."""
+        if self.in_channels <= 0:
+            return
+        if self.weight_initializer == "glorot":
+            glorot_(self.weight)
+        elif self.weight_initializer == "uniform":
+            bound = 1.0 / math.sqrt(self.in_channels)
+            self.weight.data.uniform_(-bound, bound)
+        else:
+            # kaiming_uniform with a = sqrt(5), written as PyG writes it so the bound is bit-identical.
+            slope = math.sqrt(5)
+            bound = math.sqrt(6 / ((1 + slope**2) * self.in_channels))
+            self.weight.data.uniform_(-bound, bound)
+        if self.bias is not None:
+            if self.bias_initializer == "zeros":
+                zeros_(self.bias)
+            else:
+                bound = 1.0 / math.sqrt(self.in_channels)
+                self.bias.data.uniform_(-bound, bound)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: [*, in_channels] -> [*, out_channels]."""
+        return F.linear(x, self.weight, self.bias)
+
+    @torch.no_grad()
+    def _materialize_from_input(self, module, inputs) -> None:
+        if is_lazy(self.weight):
+            self.in_channels = inputs[0].size(-1)
+            self.weight.materialize((self.out_channels, self.in_channels))
+            self.reset_parameters()
+        self._lazy_hook.remove()
+        del self._lazy_hook
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # A lazy weight cannot be detached; it is saved as is so a lazy checkpoint stays lazy.
+        for name in ("weight", "bias"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            destination[prefix + name] = value if keep_vars or is_lazy(value) else value.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        weight = state_dict.get(prefix + "weight")
+        if weight is not None and not is_lazy(weight) and is_lazy(self.weight):
+            self.in_channels = weight.size(-1)
+            self.weight.materialize((self.out_channels, self.in_channels))
+            if hasattr(self, "_lazy_hook"):
+                self._lazy_hook.remove()
+                del self._lazy_hook
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, bias={self.bias is not None})"

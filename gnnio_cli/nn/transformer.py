@@ -1,0 +1,166 @@
+"""TransformerConv (graph transformer, Shi et al.) and AGNNConv (Thekumparampil et al.), as PyG 2.8."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.nn.adjacency import EdgesInput, with_self_loops
+from gnnio_cli.nn.base import ConvBase, NodeFeatures, returned_edges, split_pair
+from gnnio_cli.nn.linear import Linear
+from gnnio_cli.ops import attention
+
+
+class TransformerConv(ConvBase):
+    """Scaled dot-product attention over each target's in-edges, as PyG 2.8's TransformerConv.
+
+    in_channels:  int, or (source, target) widths; -1 is lazy.
+    out_channels: width per head C; heads H; concat heads ([N, H*C]) or average them ([N, C]).
+    beta:         gate the skip connection: out = beta * skip + (1 - beta) * attention,
+                  beta = sigmoid(lin_beta([attention, skip, attention - skip])) (needs root_weight).
+    dropout:      on attention weights, training only.
+    edge_dim:     width of edge features, projected by lin_edge and added to keys and values.
+    root_weight:  add lin_skip(x_dst).
+
+    forward(x or (x_src, x_dst), edge_index, edge_attr=None, return_attention_weights=None).
+    With return_attention_weights a bool (even False, as PyG): (out, (edge_index, alpha [E, H])),
+    alpha taken before dropout; edge_index is the input as given (a sparse adj_t included).
+    No self-loops are added.
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, tuple[int, int]],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        beta: bool = False,
+        dropout: float = 0.0,
+        edge_dim: Optional[int] = None,
+        bias: bool = True,
+        root_weight: bool = True,
+        **kwargs,
+    ):
+        kwargs.setdefault("aggr", "add")
+        super().__init__(node_dim=0, **kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.beta = beta and root_weight
+        self.root_weight = root_weight
+        self.concat = concat
+        self.dropout = dropout
+        self.edge_dim = edge_dim
+        widths = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
+        width = heads * out_channels
+        self.lin_key = Linear(widths[0], width, bias=bias)
+        self.lin_query = Linear(widths[1], width, bias=bias)
+        self.lin_value = Linear(widths[0], width, bias=bias)
+        if edge_dim is not None:
+            self.lin_edge = Linear(edge_dim, width, bias=False)
+        else:
+            self.register_parameter("lin_edge", None)
+        skip_width = width if concat else out_channels
+        self.lin_skip = Linear(widths[1], skip_width, bias=bias)
+        if self.beta:
+            self.lin_beta = Linear(3 * skip_width, 1, bias=False)
+        else:
+            self.register_parameter("lin_beta", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.lin_key.reset_parameters()
+        self.lin_query.reset_parameters()
+        self.lin_value.reset_parameters()
+        if self.edge_dim:
+            self.lin_edge.reset_parameters()
+        self.lin_skip.reset_parameters()
+        if self.beta:
+            self.lin_beta.reset_parameters()
+
+    def forward(
+        self,
+        x: NodeFeatures,
+        edge_index: EdgesInput,
+        edge_attr: Optional[Tensor] = None,
+        return_attention_weights: Optional[bool] = None,
+    ):
+        heads, channels = self.heads, self.out_channels
+        x_src, x_dst = split_pair(x)
+        if x_dst is None:
+            raise GnnioError("TransformerConv: needs target features (x_dst may not be None)")
+        query = self.lin_query(x_dst).view(-1, heads, channels)
+        key = self.lin_key(x_src).view(-1, heads, channels)
+        value = self.lin_value(x_src).view(-1, heads, channels)
+        adjacency = self.adjacency(edge_index, x_src, x_dst)
+        if edge_attr is None and adjacency.values is not None and adjacency.values.dim() == 2:
+            edge_attr = adjacency.values
+        edge_features = None
+        if self.lin_edge is not None:
+            if edge_attr is None:
+                raise GnnioError("TransformerConv: the layer has edge_dim set, so forward needs edge_attr")
+            edge_features = self.lin_edge(edge_attr).view(-1, heads, channels)
+        elif edge_attr is not None:
+            raise GnnioError("TransformerConv: edge_attr was given but the layer has no edge_dim; construct it with edge_dim")
+        wants_attention = isinstance(return_attention_weights, bool)
+        result = attention.transformer_attention(
+            adjacency.graph,
+            query,
+            key,
+            value,
+            edge_features,
+            dropout=self.dropout,
+            training=self.training,
+            return_attention=wants_attention,
+        )
+        out, alpha = result if wants_attention else (result, None)
+        out = out.reshape(-1, heads * channels) if self.concat else out.mean(dim=1)
+        if self.root_weight:
+            skip = self.lin_skip(x_dst)
+            if self.lin_beta is not None:
+                gate = self.lin_beta(torch.cat([out, skip, out - skip], dim=-1)).sigmoid()
+                out = gate * skip + (1 - gate) * out
+            else:
+                out = out + skip
+        if wants_attention:
+            return out, (returned_edges(edge_index, adjacency, changed=False), alpha)
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+class AGNNConv(ConvBase):
+    """Attention by scaled cosine similarity, as PyG 2.8's AGNNConv.
+
+    requires_grad:  beta (the temperature, initially 1) is a parameter; else a buffer of 1.
+    add_self_loops: drop existing loops and add one per node.
+
+    forward(x [N, F], edge_index) -> [N, F]:
+    out[t] = sum_{s -> t} softmax_s(beta * cos(x[s], x[t])) * x[s].
+    """
+
+    def __init__(self, requires_grad: bool = True, add_self_loops: bool = True, **kwargs):
+        kwargs.setdefault("aggr", "add")
+        super().__init__(**kwargs)
+        self.requires_grad = requires_grad
+        self.add_self_loops = add_self_loops
+        if requires_grad:
+            self.beta = Parameter(torch.empty(1))
+        else:
+            self.register_buffer("beta", torch.ones(1))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.requires_grad:
+            self.beta.data.fill_(1)
+
+    def forward(self, x: Tensor, edge_index: EdgesInput) -> Tensor:
+        adjacency = self.adjacency(edge_index, x, x)
+        if self.add_self_loops:
+            adjacency, _ = with_self_loops(adjacency, x.shape[0])
+        return attention.agnn_attention(adjacency.graph, x, x, self.beta, training=self.training)
