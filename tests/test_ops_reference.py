@@ -533,6 +533,17 @@ def test_sixteen_bit_inputs_give_sixteen_bit_outputs_close_to_fp32(dtype):
         assert error <= SIXTEEN_BIT_TOLERANCE[dtype], f"{name}: relative error {error:.3g}"
 
 
+@pytest.mark.parametrize("dtype", list(SIXTEEN_BIT_TOLERANCE), ids=str)
+def test_gcn_norm_in_sixteen_bits_is_the_fp32_result_rounded_once(dtype):
+    graph = GRAPHS[0][1]
+    weight = randn(graph.num_edges).abs() + 0.1
+    for edge_weight, expected_weight in ((None, None), (weight.to(dtype), weight.to(dtype).float())):
+        _, values = gcn_norm(graph, edge_weight, dtype=dtype)
+        _, expected = gcn_norm(graph, expected_weight)
+        assert values.dtype == dtype
+        assert torch.equal(values, expected.to(dtype))
+
+
 # =================================================================== errors
 def test_errors_name_the_op_the_argument_and_the_shape():
     graph = GRAPHS[0][1]

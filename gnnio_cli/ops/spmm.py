@@ -98,6 +98,7 @@ def gcn_norm(
 
     edge_weight: optional [E] in the graph's eid order; its dtype is kept.
     dtype:       dtype of the values when edge_weight is None.
+    16-bit values are computed in fp32 and rounded once at the end.
     Returns (graph with the loops, values [E'] in that graph's eid order).
     Without edge_weight the result is cached on the graph per (options,
     device, dtype); with it, the values carry gradients to edge_weight.
@@ -156,24 +157,28 @@ def _gcn_norm_reference(
     add_self_loops: bool,
     dtype: torch.dtype,
 ) -> tuple[Graph, torch.Tensor]:
+    """:func:`gcn_norm` computed in fp32 for 16-bit `dtype` (degrees are sums), returned in `dtype`."""
+    compute = accumulation_dtype(dtype)
+    if edge_weight is not None:
+        edge_weight = edge_weight.to(compute)
     if add_self_loops:
         loops = _remaining_self_loops(graph)
         out_graph = loops.graph
         if edge_weight is None:
-            weights = torch.ones(out_graph.num_edges, dtype=dtype, device=graph.device)
+            weights = torch.ones(out_graph.num_edges, dtype=compute, device=graph.device)
         else:
-            fill = torch.full_like(loops.existing_loop_eid, 2.0 if improved else 1.0, dtype=edge_weight.dtype)
+            fill = torch.full_like(loops.existing_loop_eid, 2.0 if improved else 1.0, dtype=compute)
             had_loop = loops.existing_loop_eid >= 0
             loop_weights = torch.where(had_loop, edge_weight[loops.existing_loop_eid.clamp(min=0)], fill)
             weights = torch.cat([edge_weight[loops.kept_eid], loop_weights])
     else:
         out_graph = graph
-        weights = edge_weight if edge_weight is not None else torch.ones(graph.num_edges, dtype=dtype, device=graph.device)
+        weights = edge_weight if edge_weight is not None else torch.ones(graph.num_edges, dtype=compute, device=graph.device)
     source, target = out_graph.edge_index()
     degree = weights.new_zeros(out_graph.num_dst_nodes).index_add(0, target, weights)
     inv_sqrt = degree.pow(-0.5)
     inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
-    return out_graph, inv_sqrt[source] * weights * inv_sqrt[target]
+    return out_graph, (inv_sqrt[source] * weights * inv_sqrt[target]).to(dtype)
 
 
 @dataclass(frozen=True)
