@@ -112,7 +112,6 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
 
     if layer == "gcn":
         x = _random((n_src, width), settings, generator)
-        spmm.gcn_norm(graph, dtype=settings.torch_dtype)  # cached preprocessing, as layers do with cached=True
         return Workload("gcn propagation", lambda: spmm.gcn_propagate(graph, x), [x], floor_bytes=floor + graph.num_edges * 4)
     if layer.startswith("sage-") or layer == "gin":
         reduction = "sum" if layer == "gin" else layer.split("-")[1]
