@@ -234,9 +234,14 @@ def rabbit_order(graph: Graph) -> np.ndarray:
     return _preorder_numbering(*_dendrogram(graph))
 
 
+def rabbit_dendrogram(graph: Graph) -> np.ndarray:
+    """The merge dendrogram: parent int64 [N], the node each node was merged into, -1 for top-level communities."""
+    return _dendrogram(graph)[0]
+
+
 def rabbit_communities(graph: Graph) -> np.ndarray:
     """Top-level community of each node (the root of its dendrogram tree): int64 [N]."""
-    parent, _, _ = _dendrogram(graph)
+    parent = rabbit_dendrogram(graph)
     community = np.arange(parent.size)
     while True:
         lifted = np.where(parent[community] >= 0, parent[community], community)
