@@ -100,7 +100,9 @@ def _structure_bytes(graph: Graph) -> int:
 # ----------------------------------------------------------------- ops only
 def op_workload(graph: Graph, settings: Settings) -> Workload:
     """The layer's aggregation alone (no projections), on `settings.device`."""
-    from gnnio_cli.ops import attention, reduce, spmm
+    from gnnio_cli.ops.attention import agnn_attention, gat_attention, gatv2_attention, transformer_attention
+    from gnnio_cli.ops.reduce import aggregate
+    from gnnio_cli.ops.spmm import gcn_propagate
 
     graph = graph.to(settings.device)
     generator = torch.Generator().manual_seed(settings.seed)
@@ -112,18 +114,18 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
 
     if layer == "gcn":
         x = _random((n_src, width), settings, generator)
-        return Workload("gcn propagation", lambda: spmm.gcn_propagate(graph, x), [x], floor_bytes=floor + graph.num_edges * 4)
+        return Workload("gcn propagation", lambda: gcn_propagate(graph, x), [x], floor_bytes=floor + graph.num_edges * 4)
     if layer.startswith("sage-") or layer == "gin":
         reduction = "sum" if layer == "gin" else layer.split("-")[1]
         x = _random((n_src, width), settings, generator)
-        return Workload(f"{reduction} aggregation", lambda: reduce.aggregate(graph, x, reduction), [x], floor_bytes=floor)
+        return Workload(f"{reduction} aggregation", lambda: aggregate(graph, x, reduction), [x], floor_bytes=floor)
     if layer == "gat":
         x_src = _random((n_src, heads, head_width), settings, generator)
         alpha_src = _random((n_src, heads), settings, generator)
         alpha_dst = _random((n_dst, heads), settings, generator)
         return Workload(
             "gat attention",
-            lambda: attention.gat_attention(graph, x_src, alpha_src, alpha_dst),
+            lambda: gat_attention(graph, x_src, alpha_src, alpha_dst),
             [x_src, alpha_src, alpha_dst],
             floor_bytes=floor + (n_src + n_dst) * heads * element,
         )
@@ -133,7 +135,7 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
         att = _random((heads, head_width), settings, generator, scale=head_width**-0.5)
         return Workload(
             "gatv2 attention",
-            lambda: attention.gatv2_attention(graph, x_src, x_dst, att),
+            lambda: gatv2_attention(graph, x_src, x_dst, att),
             [x_src, x_dst],
             [att],
             floor_bytes=floor + n_dst * width * element,
@@ -144,7 +146,7 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
         value = _random((n_src, heads, head_width), settings, generator)
         return Workload(
             "transformer attention",
-            lambda: attention.transformer_attention(graph, query, key, value),
+            lambda: transformer_attention(graph, query, key, value),
             [query, key, value],
             floor_bytes=floor + (n_src + n_dst) * width * element,
         )
@@ -152,7 +154,7 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
     x = _random((n_src, width), settings, generator)
     beta = torch.tensor(1.0, device=settings.device, requires_grad=True)
     return Workload(
-        "agnn attention", lambda: attention.agnn_attention(graph, x, x, beta), [x], [beta], floor_bytes=floor
+        "agnn attention", lambda: agnn_attention(graph, x, x, beta), [x], [beta], floor_bytes=floor
     )
 
 

@@ -42,10 +42,8 @@ def resolve(spec: Optional[str]) -> NamedGraph:
 
     try:
         stored = generate.standard_graph(spec)
-    except KeyError:
-        raise GnnioError(
-            f"--graph {spec}: no such file, and not a standard graph name (rmat20, uniform20, grid1024, rmatN, uniformN, gridN)"
-        ) from None
+    except GnnioError as err:
+        raise GnnioError(f"--graph {spec}: no such file, and {err}") from None
     return NamedGraph(spec, stored.graph, f"generated ({stored.params})")
 
 
@@ -54,7 +52,7 @@ def _sample() -> NamedGraph:
         raise GnnioError(
             f"the bundled sample graph {SAMPLE_GRAPH} is missing (gnnio installed without its sample_graphs folder?); pass --graph"
         )
-    from gnnio_cli.graph import io
+    from gnnio_cli.graph import convert, io
 
-    stored, _ = io.convert_file(SAMPLE_GRAPH)
+    stored, _ = convert.convert_edges(io.read_edges(str(SAMPLE_GRAPH)), convert.ConvertOptions())
     return NamedGraph("cora (bundled sample)", stored.graph, str(SAMPLE_GRAPH))

@@ -1,0 +1,97 @@
+"""`gnnio run` and `gnnio compare` on CPU: JSON shape, backends, bad input."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from gnnio_cli.bench.workloads import LAYERS
+from gnnio_cli.cli import cli
+from gnnio_cli.graph import Graph
+from gnnio_cli.graph.store import StoredGraph, save
+
+
+@pytest.fixture(scope="module")
+def small_graph_file(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 60, 400)
+    dst = rng.integers(0, 50, 400)  # nodes 50..59 have no in-edges
+    path = tmp_path_factory.mktemp("graphs") / "small.h5"
+    save(StoredGraph(Graph.from_arrays(src, dst, 60, 60)), path)
+    return str(path)
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("aggregation_only", [False, True])
+def test_run_every_layer_json(small_graph_file, layer, aggregation_only):
+    args = ["run", "--layer", layer, "--graph", small_graph_file, "--features", "16", "--heads", "2",
+            "--device", "cpu", "--repeat", "2", "--warmup", "1", "--json"]
+    if aggregation_only:
+        args.append("--aggregation-only")
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)  # stdout holds only JSON
+    m = document["measurement"]
+    assert document["graph"]["num_edges"] == 400
+    assert m["backend"] == "reference"
+    assert m["forward_ms"]["median_ms"] > 0 and m["train_ms"]["median_ms"] > 0
+    assert m["forward_ms"]["min_ms"] <= m["forward_ms"]["median_ms"] <= m["forward_ms"]["max_ms"]
+    assert set(m["implementations"].values()) == {"reference"}
+
+
+def test_run_table_and_no_backward(small_graph_file):
+    result = invoke("run", "--layer", "gcn", "--graph", small_graph_file, "--features", "8", "--device", "cpu",
+                    "--no-backward", "--repeat", "2")
+    assert result.exit_code == 0, result.output
+    assert "Timing (ms)" in result.output and "reference" in result.output
+
+
+def test_compare_reference_json(small_graph_file):
+    result = invoke("compare", "--layer", "sage-max,gatv2", "--graph", small_graph_file, "--features", "8",
+                    "--heads", "2", "--device", "cpu", "--against", "reference", "--repeat", "2", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert [entry["layer"] for entry in document["results"]] == ["sage-max", "gatv2"]
+    for entry in document["results"]:
+        labels = [run["label"] for run in entry["runs"]]
+        assert labels == ["gnnio", "reference"]
+        assert entry["runs"][1]["max_error_vs_gnnio"] == 0.0  # on CPU both are the reference
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["run", "--layer", "nope"], "Invalid value for '--layer'"),
+        (["run", "--layer", "gat", "--features", "10", "--heads", "4", "--device", "cpu"], "does not divide"),
+        (["run", "--layer", "gcn", "--graph", "/nonexistent/graph.h5", "--device", "cpu"], "no such file"),
+        (["run", "--layer", "gcn", "--graph", "not-a-standard-graph", "--device", "cpu"], "unknown standard graph"),
+        (["compare", "--layer", "gcn,bogus", "--device", "cpu"], "unknown layer"),
+    ],
+)
+def test_bad_input_one_line(args, fragment):
+    completed = subprocess.run([sys.executable, "-m", "gnnio_cli", *args], capture_output=True, text=True)
+    assert completed.returncode != 0
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], completed.stderr
+
+
+def test_cuda_requested_without_gpu(small_graph_file):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    completed = subprocess.run(
+        [sys.executable, "-m", "gnnio_cli", "run", "--layer", "gcn", "--graph", small_graph_file, "--device", "cuda"],
+        capture_output=True, text=True,
+    )
+    assert completed.returncode == 1
+    assert completed.stderr.strip().splitlines() == [
+        "gnnio: error: --device cuda: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); use --device cpu"
+    ]
