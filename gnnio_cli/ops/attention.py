@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
-from gnnio_cli.ops import dispatch
+from gnnio_cli.ops import attention_native, dispatch
 from gnnio_cli.ops.segment import (
     accumulation_dtype,
     check_same_dtype,
@@ -78,8 +78,8 @@ def gat_attention(
     check_same_dtype(op, x_src=x_src, alpha_src=alpha_src, alpha_dst=alpha_dst, edge_alpha=edge_alpha)
 
     backend = dispatch.pick(op, x_src, alpha_src, alpha_dst, edge_alpha)
-    if backend == "native":
-        pass  # issue 4: return the fused GAT kernel's result here (it records its own implementation name).
+    if backend == "native" and attention_native.supports(x_src, alpha_src, alpha_dst, edge_alpha):
+        return attention_native.gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)
@@ -125,8 +125,8 @@ def gatv2_attention(
     check_same_dtype(op, x_src=x_src, x_dst=x_dst, att=att, edge_feat=edge_feat)
 
     backend = dispatch.pick(op, x_src, x_dst, att, edge_feat)
-    if backend == "native":
-        pass  # issue 4: return the fused GATv2 kernel's result here (it records its own implementation name).
+    if backend == "native" and attention_native.supports(x_src, x_dst, att, edge_feat):
+        return attention_native.gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)
@@ -173,8 +173,8 @@ def transformer_attention(
     check_same_dtype(op, query=query, key=key, value=value, edge_feat=edge_feat)
 
     backend = dispatch.pick(op, query, key, value, edge_feat)
-    if backend == "native":
-        pass  # issue 4: return the fused Transformer kernel's result here (it records its own implementation name).
+    if backend == "native" and attention_native.supports(query, key, value, edge_feat):
+        return attention_native.transformer_attention(graph, query, key, value, edge_feat, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(query.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)
@@ -220,8 +220,8 @@ def agnn_attention(
     check_same_dtype(op, x_src=x_src, x_dst=x_dst)
 
     backend = dispatch.pick(op, x_src, x_dst, beta)
-    if backend == "native":
-        pass  # issue 4: return the fused AGNN kernel's result here (it records its own implementation name).
+    if backend == "native" and attention_native.supports(x_src, x_dst, beta):
+        return attention_native.agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)

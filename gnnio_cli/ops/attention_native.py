@@ -1,0 +1,272 @@
+"""The native path of the attention ops: fused CUDA kernels (native/attention.cu) behind autograd.
+
+Each function here takes the same arguments as its public op in
+:mod:`gnnio_cli.ops.attention` (already validated there) and returns the same
+result. Score, softmax and weighted sum run fused in one pass per target row;
+only ``lse[t, h]`` (log of the softmax denominator) is kept for backward, which
+recomputes the scores: once along the CSR for the target-side gradients, once
+along the CSC for the source-side ones. Results are deterministic (no atomics).
+
+Schedule, chosen per graph from its degree profile and cached on the Graph:
+rows with at most ``tile_edges`` in-edges are handled by one warp each
+(several rows per block); longer rows are cut into tiles of ``tile_edges``,
+one warp per tile, whose partial softmax states a second kernel merges.
+
+Limits: fp32, fp16 and bf16 features (fp64 and head widths above
+:data:`MAX_CHANNELS` run the reference, see :func:`supports`); the returned
+attention weights carry no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from gnnio_cli.graph import Graph
+from gnnio_cli.ops import dispatch
+
+GAT, GATV2, DOT = 0, 1, 2
+
+# The widest head the kernels' lane layout holds (attention.cu: 32 lanes x 8 chunks).
+MAX_CHANNELS = 256
+NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# A row longer than this many in-edges is split into tiles no matter the graph.
+MIN_TILE_EDGES = 128
+# Rows of about this many times the average degree stay whole.
+TILE_AVERAGE_FACTOR = 4
+# At most about this many tiles for the longest row, so merging its partial
+# states stays cheap next to the first pass even for in-degrees in the millions.
+MAX_TILES_PER_ROW = 4096
+
+
+def supports(*tensors: Optional[torch.Tensor], channels: Optional[int] = None) -> bool:
+    """Whether the fused kernels take these inputs: CUDA, fp32/fp16/bf16, head width <= MAX_CHANNELS."""
+    present = [t for t in tensors if t is not None]
+    if channels is None:
+        channels = present[0].shape[-1]
+    return channels <= MAX_CHANNELS and all(t.is_cuda and t.dtype in NATIVE_DTYPES for t in present)
+
+
+# --------------------------------------------------------------- schedule
+@dataclass(frozen=True)
+class RowSchedule:
+    """Which rows of one compressed side (CSR or CSC) are split, and where (common.cuh's RowSchedule).
+
+    tile_row       int64 [T]      the heavy row of each tile
+    tile_start     int64 [T]      the tile's first slot
+    heavy_rows     int64 [R]      rows with more than tile_edges slots, ascending
+    heavy_tile_ptr int64 [R + 1]  tiles of heavy_rows[i] are heavy_tile_ptr[i] .. heavy_tile_ptr[i + 1]
+    """
+
+    tile_edges: int
+    tile_row: torch.Tensor
+    tile_start: torch.Tensor
+    heavy_rows: torch.Tensor
+    heavy_tile_ptr: torch.Tensor
+
+    @property
+    def name(self) -> str:
+        heavy = self.heavy_rows.numel()
+        return "node-parallel" if heavy == 0 else f"node-parallel+split({heavy} rows > {self.tile_edges})"
+
+    def args(self) -> tuple:
+        return self.tile_row, self.tile_start, self.heavy_rows, self.heavy_tile_ptr, self.tile_edges
+
+
+def choose_tile_edges(indptr: torch.Tensor) -> int:
+    """Tile length for a side with this indptr: ordinary rows stay whole, super nodes get <= MAX_TILES_PER_ROW tiles."""
+    rows = indptr.numel() - 1
+    if rows <= 0:
+        return MIN_TILE_EDGES
+    degree = indptr.diff()
+    average = float(indptr[-1]) / rows
+    longest = int(degree.max())
+    tile = max(MIN_TILE_EDGES, TILE_AVERAGE_FACTOR * average, math.ceil(longest / MAX_TILES_PER_ROW))
+    return int(math.ceil(tile / 32) * 32)
+
+
+def build_row_schedule(indptr: torch.Tensor, tile_edges: int) -> RowSchedule:
+    """Cut every row of `indptr` longer than `tile_edges` into tiles of `tile_edges` slots (last one shorter)."""
+    degree = indptr.diff()
+    heavy_rows = torch.nonzero(degree > tile_edges).flatten()
+    tiles_per_row = (degree[heavy_rows] + tile_edges - 1) // tile_edges
+    heavy_tile_ptr = torch.zeros(heavy_rows.numel() + 1, dtype=torch.int64, device=indptr.device)
+    torch.cumsum(tiles_per_row, 0, out=heavy_tile_ptr[1:])
+    num_tiles = int(heavy_tile_ptr[-1])
+    tile_row = torch.repeat_interleave(heavy_rows, tiles_per_row, output_size=num_tiles)
+    first_tile = torch.repeat_interleave(heavy_tile_ptr[:-1], tiles_per_row, output_size=num_tiles)
+    position = torch.arange(num_tiles, device=indptr.device) - first_tile
+    tile_start = indptr[tile_row] + position * tile_edges
+    return RowSchedule(tile_edges, tile_row, tile_start, heavy_rows, heavy_tile_ptr)
+
+
+def row_schedule(graph: Graph, side: str, tile_edges: Optional[int] = None) -> RowSchedule:
+    """The cached schedule of the graph's 'csr' (target rows) or 'csc' (source rows); tile_edges None = chosen."""
+    indptr = graph.csr_indptr if side == "csr" else graph.csc_indptr
+    if tile_edges is None:
+        tile_edges = graph.cached(("attention_tile_edges", side), lambda: choose_tile_edges(indptr))
+    return graph.cached(("attention_schedule", side, tile_edges), lambda: build_row_schedule(indptr, tile_edges))
+
+
+# ----------------------------------------------------------------- autograd
+@dataclass(frozen=True)
+class _Call:
+    """The non-tensor arguments of one fused attention call."""
+
+    kind: int
+    graph: Graph
+    csr: RowSchedule
+    csc: RowSchedule
+    negative_slope: float
+    scale: float
+    dropout: float
+    seed: int
+    offset: int
+    return_scores: int  # 0 none, 1 raw scores, 2 raw scores with -inf where dropped
+
+    def csr_args(self) -> tuple:
+        g = self.graph
+        return (g.csr_indptr, g.csr_indices, g.csr_eid, *self.csr.args())
+
+    def csc_args(self) -> tuple:
+        g = self.graph
+        return (g.csc_indptr, g.csc_indices, g.csc_eid, *self.csc.args())
+
+    def score_args(self) -> tuple:
+        return self.negative_slope, self.scale, self.dropout, self.seed, self.offset
+
+
+class _FusedAttention(torch.autograd.Function):
+    """Tensors (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge) -> (out, lse, scores).
+
+    Roles per kind: GAT (msg_src=x_src, src_scalar=alpha_src, dst_scalar=alpha_dst,
+    edge=edge_alpha), GATv2 (msg_src=x_src, dst_vec=x_dst, att, edge=edge_feat),
+    DOT (msg_src=value, key_src=key, dst_vec=query, edge=edge_feat). lse and
+    scores carry no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, call: _Call, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge):
+        tensors = (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge)
+        out, lse, scores = torch.ops.gnnio.attention_forward(
+            call.kind, *call.csr_args(), *tensors, *call.score_args(), call.return_scores
+        )
+        ctx.call = call
+        ctx.save_for_backward(*tensors, out, lse)
+        ctx.mark_non_differentiable(lse, scores)
+        return out, lse, scores
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse, _grad_scores):
+        call: _Call = ctx.call
+        *tensors, out, lse = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_dst, grad_att, grad_edge, delta = torch.ops.gnnio.attention_backward_target(
+            call.kind, *call.csr_args(), *tensors, out, grad_out, lse, *call.score_args()
+        )
+        grad_msg, grad_key, grad_src_scalar = torch.ops.gnnio.attention_backward_source(
+            call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args()
+        )
+        has_edge = tensors[6] is not None
+        if call.kind == GAT:
+            grads = (grad_msg, None, None, grad_src_scalar, grad_dst, None, grad_edge if has_edge else None)
+        elif call.kind == GATV2:
+            grads = (grad_msg, None, grad_dst, None, None, grad_att, grad_edge if has_edge else None)
+        else:
+            grads = (grad_msg, grad_key, grad_dst, None, None, None, grad_edge if has_edge else None)
+        return (None, *grads)
+
+
+def _run(
+    op: str,
+    kind: int,
+    graph: Graph,
+    tensors: tuple,
+    *,
+    negative_slope: float,
+    scale: float,
+    dropout: float,
+    training: bool,
+    return_attention: bool,
+    weights_after_dropout: bool,
+):
+    """Run the fused op; returns out or (out, alpha [E, H] in eid order)."""
+    tensors = tuple(None if t is None else t.contiguous() for t in tensors)
+    heads = tensors[0].shape[1]
+    csr, csc = row_schedule(graph, "csr"), row_schedule(graph, "csc")
+    dropout = float(dropout) if training else 0.0
+    seed = offset = 0
+    if dropout > 0.0:
+        with torch.cuda.device(tensors[0].device):
+            seed, offset = torch.ops.gnnio.attention_dropout_seed((heads + 3) // 4)
+    return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
+    call = _Call(kind, graph, csr, csc, float(negative_slope), float(scale), dropout, seed, offset, return_scores)
+    out, lse, scores = _FusedAttention.apply(call, *tensors)
+    dispatch.record(op, f"fused {csr.name}")
+    if not return_attention:
+        return out
+    return out, _attention_weights(graph, scores, lse, dropout if weights_after_dropout else 0.0, out.dtype)
+
+
+def _attention_weights(graph: Graph, scores: torch.Tensor, lse: torch.Tensor, dropout: float, dtype) -> torch.Tensor:
+    """alpha[e, h] = exp(score - lse[target]) (x 1/(1-p) after dropout; dropped edges hold -inf scores)."""
+    targets = graph.edge_index()[1]
+    alpha = torch.exp(scores - lse.index_select(0, targets))
+    if dropout > 0.0:
+        alpha = alpha * (1.0 / (1.0 - dropout)) if dropout < 1.0 else torch.zeros_like(alpha)
+    return alpha.to(dtype)
+
+
+# ------------------------------------------------------------- public ops
+def gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention):
+    """Fused :func:`gnnio_cli.ops.attention.gat_attention` (same arguments and result)."""
+    return _run(
+        "gat_attention", GAT, graph, (x_src, None, None, alpha_src, alpha_dst, None, edge_alpha),
+        negative_slope=negative_slope, scale=1.0, dropout=dropout, training=training,
+        return_attention=return_attention, weights_after_dropout=True,
+    )  # fmt: skip
+
+
+def gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention):
+    """Fused :func:`gnnio_cli.ops.attention.gatv2_attention` (same arguments and result)."""
+    return _run(
+        "gatv2_attention", GATV2, graph, (x_src, None, x_dst, None, None, att, edge_feat),
+        negative_slope=negative_slope, scale=1.0, dropout=dropout, training=training,
+        return_attention=return_attention, weights_after_dropout=True,
+    )  # fmt: skip
+
+
+def transformer_attention(graph, query, key, value, edge_feat, dropout, training, return_attention):
+    """Fused :func:`gnnio_cli.ops.attention.transformer_attention` (same arguments and result)."""
+    return _run(
+        "transformer_attention", DOT, graph, (value, key, query, None, None, None, edge_feat),
+        negative_slope=0.0, scale=1.0 / math.sqrt(query.shape[2]), dropout=dropout, training=training,
+        return_attention=return_attention, weights_after_dropout=False,
+    )  # fmt: skip
+
+
+def agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attention):
+    """Fused :func:`gnnio_cli.ops.attention.agnn_attention`: a one-head dot-product attention.
+
+    The cosine is a dot product of unit rows; beta is folded into the target
+    side (query = beta * x_dst / |x_dst|), so autograd carries its gradient
+    through these two small node-sized ops, not through the kernel.
+    """
+    compute = torch.float32
+    key = F.normalize(x_src.to(compute), p=2.0, dim=-1)
+    query = beta.to(compute).reshape(()) * F.normalize(x_dst.to(compute), p=2.0, dim=-1)
+    result = _run(
+        "agnn_attention", DOT, graph,
+        (x_src.unsqueeze(1), key.to(x_src.dtype).unsqueeze(1), query.to(x_src.dtype).unsqueeze(1), None, None, None, None),
+        negative_slope=0.0, scale=1.0, dropout=dropout, training=training,
+        return_attention=return_attention, weights_after_dropout=False,
+    )  # fmt: skip
+    if return_attention:
+        out, alpha = result
+        return out.squeeze(1), alpha.squeeze(1)
+    return result.squeeze(1)

@@ -1,0 +1,1043 @@
+// Fused attention aggregation (GAT, GATv2, TransformerConv, AGNN): score,
+// softmax over each target's in-edges and weighted sum in one pass, forward
+// and backward, with no per-edge tensor in device memory (except the gradient
+// of a per-edge input, which is itself per-edge).
+//
+// Forward walks the CSR (one row per target) with an online softmax and saves
+// only lse[t, h] = log(sum exp(score)) besides the output. Backward:
+//   - a CSR pass recomputes the scores of each target's in-edges and gives the
+//     target-side gradients (query, x_dst, alpha_dst), the per-edge ones, the
+//     attention-vector partials (one row per block, summed in a second step)
+//     and delta[t, h] = <grad_out[t, h], out[t, h]>;
+//   - a CSC pass (one row per source) recomputes them once more and gives the
+//     source-side gradients (key, value, x_src, alpha_src).
+// With p = exp(score - lse), w = p * dropout and dp = dropout * <g_t, message>:
+//   d score = p * (dp - delta),  d message = w * g_t.
+// Both passes are gathers, never scatters: no atomics, deterministic results.
+//
+// Rows longer than the schedule's tile are cut into tiles of one warp each
+// (common.cuh's RowSchedule); forward tiles keep (max, sum, accumulator)
+// partial softmax states merged by a second kernel, backward tiles keep
+// partial sums added in tile order.
+#include "attention.cuh"
+
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+
+#include <cmath>
+#include <mutex>
+
+namespace gnnio {
+namespace attention {
+namespace {
+
+template <typename scalar_t>
+struct Params {
+  RowSchedule schedule;  // the rows walked: CSR for forward and the target-side pass, CSC for the source side
+  IndexView indices;     // the neighbour of each slot
+  const int64_t* eid;    // original edge id of each slot
+  LaneGeometry geo;
+  int items_per_warp;
+
+  const scalar_t* msg_src;     // [Ns, H, C] x_src (GAT, GATv2) or value (Dot)
+  const scalar_t* key_src;     // [Ns, H, C] key (Dot)
+  const scalar_t* dst_vec;     // [Nd, H, C] x_dst (GATv2) or query (Dot)
+  const scalar_t* src_scalar;  // [Ns, H] alpha_src (GAT)
+  const scalar_t* dst_scalar;  // [Nd, H] alpha_dst (GAT)
+  const scalar_t* att;         // [H, C] (GATv2)
+  const scalar_t* edge;        // [E, H, C] (GATv2, Dot) or [E, H] (GAT) in eid order, or null
+  float slope;
+  float scale;
+  Dropout dropout;
+
+  // forward outputs
+  scalar_t* out;
+  float* lse;
+  float* scores;              // [E, H] raw scores in eid order, or null
+  bool scores_after_dropout;  // write -inf for dropped edges
+  float* part_max;
+  float* part_sum;
+  float* part_acc;
+
+  // backward inputs and outputs
+  const scalar_t* out_in;
+  const scalar_t* grad_out;
+  const float* lse_in;
+  const float* delta_in;
+  scalar_t* grad_vec;     // target pass: d query / d x_dst; source pass: d value / d x_src
+  scalar_t* grad_vec2;    // source pass, Dot: d key
+  scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
+  scalar_t* grad_edge;
+  float* delta_out;
+  float* att_partial;  // [blocks, H, C]
+  float* part_vec;
+  float* part_vec2;
+  float* part_scalar;
+};
+
+// Where this lane sits: its head and, per chunk k, its first channel.
+template <int VEC>
+struct Lane {
+  static constexpr int K = Layout<VEC>::kChunks;
+  int lane;
+  int in_head;  // position among the head's lanes
+  int head;
+  bool head_ok;
+  int col[K];
+  bool ok[K];
+
+  __device__ __forceinline__ explicit Lane(const LaneGeometry& geo) {
+    lane = threadIdx.x & (kWarp - 1);
+    in_head = lane & (geo.lanes_per_head - 1);
+    head = blockIdx.y * geo.heads_per_warp + lane / geo.lanes_per_head;
+    head_ok = head < geo.heads;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      col[k] = (k * geo.lanes_per_head + in_head) * VEC;
+      ok[k] = head_ok && col[k] < geo.channels;
+    }
+  }
+};
+
+// This lane's chunks of row `node` of a [rows, H, C] tensor, 0 where masked.
+// Masked lanes read the tensor's first element instead, so loads need no
+// branch and the compiler can issue all of a batch's loads back to back.
+template <int VEC, typename T>
+__device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
+                                         const Lane<VEC>& lane, bool valid, float (&x)[Layout<VEC>::kChunks][VEC]) {
+  const int64_t row_offset = (node * geo.heads + lane.head) * static_cast<int64_t>(geo.channels);
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k) {
+    const bool use = valid && lane.ok[k];
+    load_f32<VEC>(use ? base + row_offset + lane.col[k] : base, x[k]);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) x[k][v] = use ? x[k][v] : 0.f;
+  }
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_row(T* __restrict__ base, int64_t node, const LaneGeometry& geo,
+                                          const Lane<VEC>& lane, const float (&x)[Layout<VEC>::kChunks][VEC]) {
+  const int64_t row_offset = (node * geo.heads + lane.head) * static_cast<int64_t>(geo.channels);
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+    if (lane.ok[k]) store_f32<VEC>(base + row_offset + lane.col[k], x[k]);
+}
+
+template <typename T>
+__device__ __forceinline__ float load_scalar(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
+                                             int head, bool valid) {
+  return valid ? static_cast<float>(base[node * geo.heads + head]) : 0.f;
+}
+
+template <int VEC>
+using Chunks = float[Layout<VEC>::kChunks][VEC];
+
+template <int VEC>
+__device__ __forceinline__ void set_zero(Chunks<VEC>& x) {
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) x[k][v] = 0.f;
+}
+
+template <int VEC>
+__device__ __forceinline__ float dot(const Chunks<VEC>& a, const Chunks<VEC>& b) {
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) sum += a[k][v] * b[k][v];
+  return sum;
+}
+
+// acc += weight * x
+template <int VEC>
+__device__ __forceinline__ void add_scaled(Chunks<VEC>& acc, float weight, const Chunks<VEC>& x) {
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[k][v] += weight * x[k][v];
+}
+
+template <int VEC>
+__device__ __forceinline__ void add_to(Chunks<VEC>& acc, const Chunks<VEC>& x) {
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[k][v] += x[k][v];
+}
+
+// GATv2's score terms: hidden = x_src + x_dst (+ edge) is formed by the
+// caller in that order everywhere, so every pass recomputes the same score.
+template <int VEC>
+__device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chunks<VEC>& hidden, float slope) {
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) sum += att[k][v] * leaky_relu(hidden[k][v], slope);
+  return sum;
+}
+
+// Edges per step: all their loads are issued before any score is reduced.
+template <int VEC>
+constexpr int edges_per_step() {
+  return VEC == 4 ? 4 : 2;
+}
+
+// Calls step(first, count, neighbour, eid) for the slots [begin, end) of a
+// warp's item in groups of U; neighbour ids and edge ids are read 32 at a
+// time, one per lane, and handed round by shuffles.
+template <int U, typename Step>
+__device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const IndexView& indices,
+                                              const int64_t* __restrict__ eid, bool need_eid, int lane, Step&& step) {
+  for (int64_t base = begin; base < end; base += kWarp) {
+    const int count = end - base < kWarp ? static_cast<int>(end - base) : kWarp;
+    const long long my_neighbour = lane < count ? indices[base + lane] : 0;
+    const long long my_eid = need_eid && lane < count ? eid[base + lane] : 0;
+    for (int first = 0; first < count; first += U) {
+      int64_t neighbour[U], edge[U];
+      bool valid[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        neighbour[u] = __shfl_sync(kFullMask, my_neighbour, first + u);
+        edge[u] = __shfl_sync(kFullMask, my_eid, first + u);
+        valid[u] = first + u < count;
+      }
+      step(neighbour, edge, valid);
+    }
+  }
+}
+
+__device__ __forceinline__ int64_t warp_item(int items_per_warp, int i) {
+  return (static_cast<int64_t>(blockIdx.x) * items_per_warp + i) * kWarpsPerBlock + (threadIdx.x >> 5);
+}
+
+// ------------------------------------------------------------------ forward
+template <int KIND, int VEC, typename scalar_t>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) forward_kernel(const Params<scalar_t> p) {
+  constexpr int U = edges_per_step<VEC>();
+  const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
+  const Dropout dropout = p.dropout;
+  const Lane<VEC> lane(geo);
+  const bool need_eid = p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr;
+
+  for (int i = 0; i < p.items_per_warp; ++i) {
+    WorkItem item;
+    if (!work_item(p.schedule, warp_item(p.items_per_warp, i), item)) continue;
+
+    Chunks<VEC> target, att;  // query / x_dst of the row; GATv2's attention vector
+    float alpha_dst = 0.f;
+    if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, true, target);
+    if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, true, att);
+    if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
+
+    Chunks<VEC> acc;
+    set_zero<VEC>(acc);
+    float run_max = -INFINITY, run_sum = 0.f;
+
+    for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
+                     [&](const int64_t(&neighbour)[U], const int64_t(&edge)[U], const bool(&valid)[U]) {
+      Chunks<VEC> message[U];
+      float partial[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        load_row<VEC>(p.msg_src, neighbour[u], geo, lane, valid[u], message[u]);
+        if constexpr (KIND == kDot) {
+          Chunks<VEC> key;
+          load_row<VEC>(p.key_src, neighbour[u], geo, lane, valid[u], key);
+          if (p.edge) {
+            Chunks<VEC> feature;
+            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            add_to<VEC>(key, feature);
+            add_to<VEC>(message[u], feature);
+          }
+          partial[u] = dot<VEC>(target, key);
+        } else if constexpr (KIND == kGatV2) {
+          Chunks<VEC> hidden;
+#pragma unroll
+          for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) hidden[k][v] = message[u][k][v] + target[k][v];
+          if (p.edge) {
+            Chunks<VEC> feature;
+            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            add_to<VEC>(hidden, feature);
+          }
+          partial[u] = gatv2_partial<VEC>(att, hidden, p.slope);
+        } else {
+          const bool use = valid[u] && lane.head_ok;
+          float z = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, use) + alpha_dst;
+          if (p.edge) z += load_scalar(p.edge, edge[u], geo, lane.head, use);
+          partial[u] = leaky_relu(z, p.slope);
+        }
+      }
+      float score[U], drop[U];
+      float new_max = run_max;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if constexpr (KIND == kGat) {
+          score[u] = partial[u];
+        } else {
+          score[u] = head_sum(partial[u], geo.lanes_per_head) * p.scale;
+        }
+        drop[u] = dropout.weight(edge[u], lane.head);
+        if (valid[u]) new_max = fmaxf(new_max, score[u]);
+      }
+      const float correction = __expf(run_max - new_max);
+      run_sum *= correction;
+#pragma unroll
+      for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[k][v] *= correction;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!valid[u]) continue;
+        const float weight = __expf(score[u] - new_max);
+        run_sum += weight;
+        add_scaled<VEC>(acc, weight * drop[u], message[u]);
+        if (p.scores != nullptr && lane.head_ok && lane.in_head == 0)
+          p.scores[edge[u] * geo.heads + lane.head] =
+              p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
+      }
+      run_max = new_max;
+    });
+
+    if (item.partial < 0) {
+      const float inverse = run_sum > 0.f ? 1.f / run_sum : 0.f;
+#pragma unroll
+      for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[k][v] *= inverse;
+      store_row<VEC>(p.out, item.row, geo, lane, acc);
+      if (lane.head_ok && lane.in_head == 0)
+        p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
+    } else {
+      store_row<VEC>(p.part_acc, item.partial, geo, lane, acc);
+      if (lane.head_ok && lane.in_head == 0) {
+        p.part_max[item.partial * geo.heads + lane.head] = run_max;
+        p.part_sum[item.partial * geo.heads + lane.head] = run_sum;
+      }
+    }
+  }
+}
+
+// Second forward pass for heavy rows: merge the tiles' softmax states in
+// tile order. One block per heavy row, threads over (head, channel).
+template <typename scalar_t>
+__global__ void merge_tiles_kernel(const RowSchedule s, int heads, int channels, const float* __restrict__ part_max,
+                                   const float* __restrict__ part_sum, const float* __restrict__ part_acc,
+                                   scalar_t* __restrict__ out, float* __restrict__ lse) {
+  const int64_t row = s.heavy_rows[blockIdx.x];
+  const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
+  const int64_t width = static_cast<int64_t>(heads) * channels;
+  for (int64_t f = threadIdx.x; f < width; f += blockDim.x) {
+    const int head = static_cast<int>(f / channels);
+    float row_max = -INFINITY;
+    for (int64_t t = first; t < last; ++t) row_max = fmaxf(row_max, part_max[t * heads + head]);
+    float sum = 0.f, acc = 0.f;
+    for (int64_t t = first; t < last; ++t) {
+      const float factor = __expf(part_max[t * heads + head] - row_max);
+      sum += part_sum[t * heads + head] * factor;
+      acc += part_acc[t * width + f] * factor;
+    }
+    out[row * width + f] = static_cast<scalar_t>(sum > 0.f ? acc / sum : 0.f);
+    if (f % channels == 0) lse[row * heads + head] = sum > 0.f ? row_max + logf(sum) : 0.f;
+  }
+}
+
+// Heavy rows of the backward passes: add the tiles' partial sums in tile order.
+template <typename scalar_t>
+__global__ void sum_tiles_kernel(const RowSchedule s, int64_t width, const float* __restrict__ partial,
+                                 scalar_t* __restrict__ out) {
+  const int64_t row = s.heavy_rows[blockIdx.x];
+  const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
+  for (int64_t f = threadIdx.x; f < width; f += blockDim.x) {
+    float sum = 0.f;
+    for (int64_t t = first; t < last; ++t) sum += partial[t * width + f];
+    out[row * width + f] = static_cast<scalar_t>(sum);
+  }
+}
+
+// ----------------------------------------------------- backward, target side
+template <int KIND, int VEC, typename scalar_t>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(const Params<scalar_t> p) {
+  constexpr int U = edges_per_step<VEC>();
+  constexpr int K = Layout<VEC>::kChunks;
+  const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
+  const Dropout dropout = p.dropout;
+  const Lane<VEC> lane(geo);
+  const bool need_eid = p.edge != nullptr || dropout.p > 0.f;
+
+  Chunks<VEC> att, att_grad;  // GATv2: the attention vector and this warp's share of its gradient
+  set_zero<VEC>(att_grad);
+  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, true, att);
+
+  for (int i = 0; i < p.items_per_warp; ++i) {
+    WorkItem item;
+    if (!work_item(p.schedule, warp_item(p.items_per_warp, i), item)) continue;
+
+    Chunks<VEC> grad, target;
+    load_row<VEC>(p.grad_out, item.row, geo, lane, true, grad);
+    float row_delta;
+    {
+      Chunks<VEC> out_row;
+      load_row<VEC>(p.out_in, item.row, geo, lane, true, out_row);
+      row_delta = head_sum(dot<VEC>(grad, out_row), geo.lanes_per_head);
+    }
+    // every tile of a heavy row needs delta; the first one stores it
+    if (item.begin == item.row_begin && lane.head_ok && lane.in_head == 0)
+      p.delta_out[item.row * geo.heads + lane.head] = row_delta;
+    const float row_lse = load_scalar(p.lse_in, item.row, geo, lane.head, lane.head_ok);
+    float alpha_dst = 0.f;
+    if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, true, target);
+    if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
+    {
+      Chunks<VEC> target_grad;
+      set_zero<VEC>(target_grad);
+      float scalar_grad = 0.f;
+
+      for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
+                       [&](const int64_t(&neighbour)[U], const int64_t(&edge)[U], const bool(&valid)[U]) {
+        Chunks<VEC> message[U], key[U];  // key: Dot's key + edge; GATv2's hidden
+        float partial[U], message_dot[U], z[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          load_row<VEC>(p.msg_src, neighbour[u], geo, lane, valid[u], message[u]);
+          if constexpr (KIND == kDot) {
+            load_row<VEC>(p.key_src, neighbour[u], geo, lane, valid[u], key[u]);
+            if (p.edge) {
+              Chunks<VEC> feature;
+              load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+              add_to<VEC>(key[u], feature);
+              add_to<VEC>(message[u], feature);
+            }
+            partial[u] = dot<VEC>(target, key[u]);
+          } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+#pragma unroll
+              for (int v = 0; v < VEC; ++v) key[u][k][v] = message[u][k][v] + target[k][v];
+            if (p.edge) {
+              Chunks<VEC> feature;
+              load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+              add_to<VEC>(key[u], feature);
+            }
+            partial[u] = gatv2_partial<VEC>(att, key[u], p.slope);
+          } else {
+            const bool use = valid[u] && lane.head_ok;
+            z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, use) + alpha_dst;
+            if (p.edge) z[u] += load_scalar(p.edge, edge[u], geo, lane.head, use);
+          }
+          message_dot[u] = dot<VEC>(grad, message[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          float score;
+          if constexpr (KIND == kGat) {
+            score = leaky_relu(z[u], p.slope);
+          } else {
+            score = head_sum(partial[u], geo.lanes_per_head) * p.scale;
+          }
+          const float dp = head_sum(message_dot[u], geo.lanes_per_head);
+          if (!valid[u]) continue;
+          const float prob = __expf(score - row_lse);
+          const float drop = dropout.weight(edge[u], lane.head);
+          const float score_grad = prob * (drop * dp - row_delta);
+          if constexpr (KIND == kDot) {
+            add_scaled<VEC>(target_grad, score_grad * p.scale, key[u]);
+            if (p.grad_edge) {
+              Chunks<VEC> edge_grad;
+#pragma unroll
+              for (int k = 0; k < K; ++k)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                  edge_grad[k][v] = score_grad * p.scale * target[k][v] + prob * drop * grad[k][v];
+              store_row<VEC>(p.grad_edge, edge[u], geo, lane, edge_grad);
+            }
+          } else if constexpr (KIND == kGatV2) {
+            Chunks<VEC> hidden_grad;
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+#pragma unroll
+              for (int v = 0; v < VEC; ++v) {
+                hidden_grad[k][v] = score_grad * att[k][v] * leaky_relu_grad(key[u][k][v], p.slope);
+                att_grad[k][v] += score_grad * leaky_relu(key[u][k][v], p.slope);
+              }
+            add_to<VEC>(target_grad, hidden_grad);
+            if (p.grad_edge) store_row<VEC>(p.grad_edge, edge[u], geo, lane, hidden_grad);
+          } else {
+            const float z_grad = score_grad * leaky_relu_grad(z[u], p.slope);
+            scalar_grad += z_grad;
+            if (p.grad_edge && lane.head_ok && lane.in_head == 0)
+              p.grad_edge[edge[u] * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
+          }
+        }
+      });
+
+      const bool writer = lane.head_ok && lane.in_head == 0;
+      if (item.partial < 0) {
+        if constexpr (KIND != kGat) store_row<VEC>(p.grad_vec, item.row, geo, lane, target_grad);
+        if (KIND == kGat && writer) p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_grad);
+      } else {
+        if constexpr (KIND != kGat) store_row<VEC>(p.part_vec, item.partial, geo, lane, target_grad);
+        if (KIND == kGat && writer) p.part_scalar[item.partial * geo.heads + lane.head] = scalar_grad;
+      }
+    }
+  }
+
+  if constexpr (KIND == kGatV2) {
+    // Deterministic block sum of the warps' attention-vector gradients; the
+    // [blocks, H, C] partials are summed on the host side in one more step.
+    __shared__ float shared[kWarpsPerBlock][K * VEC][kWarp];
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) shared[warp][k * VEC + v][lane.lane] = att_grad[k][v];
+    __syncthreads();
+    for (int slot = threadIdx.x; slot < K * VEC * kWarp; slot += blockDim.x) {
+      const int owner = slot % kWarp, kv = slot / kWarp;
+      const int k = kv / VEC, v = kv % VEC;
+      const int head = blockIdx.y * geo.heads_per_warp + owner / geo.lanes_per_head;
+      const int col = (k * geo.lanes_per_head + (owner & (geo.lanes_per_head - 1))) * VEC + v;
+      if (head >= geo.heads || col >= geo.channels) continue;
+      float sum = 0.f;
+      for (int w = 0; w < kWarpsPerBlock; ++w) sum += shared[w][kv][owner];
+      p.att_partial[(static_cast<int64_t>(blockIdx.x) * geo.heads + head) * geo.channels + col] = sum;
+    }
+  }
+}
+
+// ----------------------------------------------------- backward, source side
+template <int KIND, int VEC, typename scalar_t>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(const Params<scalar_t> p) {
+  constexpr int U = edges_per_step<VEC>();
+  constexpr int K = Layout<VEC>::kChunks;
+  const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
+  const Dropout dropout = p.dropout;
+  const Lane<VEC> lane(geo);
+  const bool need_eid = p.edge != nullptr || dropout.p > 0.f;
+
+  Chunks<VEC> att;
+  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, true, att);
+
+  for (int i = 0; i < p.items_per_warp; ++i) {
+    WorkItem item;
+    if (!work_item(p.schedule, warp_item(p.items_per_warp, i), item)) continue;
+
+    // the source row: x_src (GAT, GATv2) or value and key (Dot)
+    Chunks<VEC> message, key;
+    load_row<VEC>(p.msg_src, item.row, geo, lane, true, message);
+    if constexpr (KIND == kDot) load_row<VEC>(p.key_src, item.row, geo, lane, true, key);
+    float alpha_src = 0.f;
+    if constexpr (KIND == kGat) alpha_src = load_scalar(p.src_scalar, item.row, geo, lane.head, lane.head_ok);
+
+    Chunks<VEC> source_grad, key_grad;
+    set_zero<VEC>(source_grad);
+    set_zero<VEC>(key_grad);
+    float scalar_grad = 0.f;
+
+    for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
+                     [&](const int64_t(&neighbour)[U], const int64_t(&edge)[U], const bool(&valid)[U]) {
+      Chunks<VEC> grad[U], target[U], hidden[U];
+      float partial[U], message_dot[U], row_lse[U], row_delta[U], z[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const bool use = valid[u] && lane.head_ok;
+        load_row<VEC>(p.grad_out, neighbour[u], geo, lane, valid[u], grad[u]);
+        row_lse[u] = load_scalar(p.lse_in, neighbour[u], geo, lane.head, use);
+        row_delta[u] = load_scalar(p.delta_in, neighbour[u], geo, lane.head, use);
+        if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, neighbour[u], geo, lane, valid[u], target[u]);
+        if constexpr (KIND == kDot) {
+          Chunks<VEC> key_edge, message_edge;
+#pragma unroll
+          for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+              key_edge[k][v] = key[k][v];
+              message_edge[k][v] = message[k][v];
+            }
+          if (p.edge) {
+            Chunks<VEC> feature;
+            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            add_to<VEC>(key_edge, feature);
+            add_to<VEC>(message_edge, feature);
+          }
+          partial[u] = dot<VEC>(target[u], key_edge);
+          message_dot[u] = dot<VEC>(grad[u], message_edge);
+        } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+          for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) hidden[u][k][v] = message[k][v] + target[u][k][v];
+          if (p.edge) {
+            Chunks<VEC> feature;
+            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            add_to<VEC>(hidden[u], feature);
+          }
+          partial[u] = gatv2_partial<VEC>(att, hidden[u], p.slope);
+          message_dot[u] = dot<VEC>(grad[u], message);
+        } else {
+          z[u] = alpha_src + load_scalar(p.dst_scalar, neighbour[u], geo, lane.head, use);
+          if (p.edge) z[u] += load_scalar(p.edge, edge[u], geo, lane.head, use);
+          message_dot[u] = dot<VEC>(grad[u], message);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float score;
+        if constexpr (KIND == kGat) {
+          score = leaky_relu(z[u], p.slope);
+        } else {
+          score = head_sum(partial[u], geo.lanes_per_head) * p.scale;
+        }
+        const float dp = head_sum(message_dot[u], geo.lanes_per_head);
+        if (!valid[u]) continue;
+        const float prob = __expf(score - row_lse[u]);
+        const float drop = dropout.weight(edge[u], lane.head);
+        const float score_grad = prob * (drop * dp - row_delta[u]);
+        add_scaled<VEC>(source_grad, prob * drop, grad[u]);
+        if constexpr (KIND == kDot) {
+          add_scaled<VEC>(key_grad, score_grad * p.scale, target[u]);
+        } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+          for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+              source_grad[k][v] += score_grad * att[k][v] * leaky_relu_grad(hidden[u][k][v], p.slope);
+        } else {
+          scalar_grad += score_grad * leaky_relu_grad(z[u], p.slope);
+        }
+      }
+    });
+
+    const bool writer = lane.head_ok && lane.in_head == 0;
+    if (item.partial < 0) {
+      store_row<VEC>(p.grad_vec, item.row, geo, lane, source_grad);
+      if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
+      if (KIND == kGat && writer) p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_grad);
+    } else {
+      store_row<VEC>(p.part_vec, item.partial, geo, lane, source_grad);
+      if constexpr (KIND == kDot) store_row<VEC>(p.part_vec2, item.partial, geo, lane, key_grad);
+      if (KIND == kGat && writer) p.part_scalar[item.partial * geo.heads + lane.head] = scalar_grad;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- host side
+constexpr const char* kForward = "gnnio::attention_forward";
+constexpr const char* kBackwardTarget = "gnnio::attention_backward_target";
+constexpr const char* kBackwardSource = "gnnio::attention_backward_source";
+
+// Runtime (kind, vector width) become template parameters: 3 kinds x 2
+// widths x 3 dtypes = 18 instantiations per kernel.
+#define GNNIO_ATTENTION_SWITCH(kind, vec, ...)        \
+  [&] {                                               \
+    if (vec == 4) {                                   \
+      constexpr int VEC = 4;                          \
+      switch (kind) {                                 \
+        case kGat: {                                  \
+          constexpr int KIND = kGat;                  \
+          return __VA_ARGS__();                       \
+        }                                             \
+        case kGatV2: {                                \
+          constexpr int KIND = kGatV2;                \
+          return __VA_ARGS__();                       \
+        }                                             \
+        default: {                                    \
+          constexpr int KIND = kDot;                  \
+          return __VA_ARGS__();                       \
+        }                                             \
+      }                                               \
+    } else {                                          \
+      constexpr int VEC = 1;                          \
+      switch (kind) {                                 \
+        case kGat: {                                  \
+          constexpr int KIND = kGat;                  \
+          return __VA_ARGS__();                       \
+        }                                             \
+        case kGatV2: {                                \
+          constexpr int KIND = kGatV2;                \
+          return __VA_ARGS__();                       \
+        }                                             \
+        default: {                                    \
+          constexpr int KIND = kDot;                  \
+          return __VA_ARGS__();                       \
+        }                                             \
+      }                                               \
+    }                                                 \
+  }()
+
+// The widest head C that the two layouts hold: VEC 4 x 1 chunk x 32 lanes,
+// VEC 1 x 8 chunks x 32 lanes.
+constexpr int64_t kMaxVectorChannels = 128;
+constexpr int64_t kMaxChannels = 256;
+
+// The feature tensors of one call, checked once.
+struct Features {
+  int64_t kind;
+  int64_t heads;
+  int64_t channels;
+  int64_t num_src;
+  at::ScalarType dtype;
+  at::Tensor msg_src;
+  c10::optional<at::Tensor> key_src, dst_vec, src_scalar, dst_scalar, att, edge;
+};
+
+void check_tensor(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype,
+                  std::initializer_list<int64_t> shape) {
+  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
+  TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, " like msg_src, got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
+  TORCH_CHECK(t.sizes().equals(shape), op, ": ", name, " must have shape ", at::IntArrayRef(shape), ", got ",
+              t.sizes());
+}
+
+const at::Tensor& required(const char* op, const char* name, const c10::optional<at::Tensor>& t, int64_t kind) {
+  TORCH_CHECK(t.has_value(), op, ": ", name, " is required for kind ", kind);
+  return *t;
+}
+
+Features check_features(const char* op, int64_t kind, int64_t num_dst, int64_t num_edges, const at::Tensor& msg_src,
+                        const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
+                        const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
+                        const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge) {
+  TORCH_CHECK(kind == kGat || kind == kGatV2 || kind == kDot, op, ": kind must be 0 (GAT), 1 (GATv2) or 2 (dot), got ",
+              kind);
+  TORCH_CHECK(msg_src.dim() == 3, op, ": msg_src must have 3 dims [N, H, C], got shape ", msg_src.sizes());
+  const int64_t ns = msg_src.size(0), h = msg_src.size(1), c = msg_src.size(2);
+  TORCH_CHECK(h > 0 && c > 0 && c <= kMaxChannels, op, ": heads must be >= 1 and channels in 1..", kMaxChannels,
+              ", got shape ", msg_src.sizes());
+  const at::ScalarType dtype = msg_src.scalar_type();
+  check_tensor(op, "msg_src", msg_src, dtype, {ns, h, c});
+  if (kind == kDot) check_tensor(op, "key_src", required(op, "key_src", key_src, kind), dtype, {ns, h, c});
+  if (kind != kGat) check_tensor(op, "dst_vec", required(op, "dst_vec", dst_vec, kind), dtype, {num_dst, h, c});
+  if (kind == kGat) {
+    check_tensor(op, "src_scalar", required(op, "src_scalar", src_scalar, kind), dtype, {ns, h});
+    check_tensor(op, "dst_scalar", required(op, "dst_scalar", dst_scalar, kind), dtype, {num_dst, h});
+  }
+  if (kind == kGatV2) check_tensor(op, "att", required(op, "att", att, kind), dtype, {h, c});
+  if (edge.has_value()) {
+    if (kind == kGat)
+      check_tensor(op, "edge", *edge, dtype, {num_edges, h});
+    else
+      check_tensor(op, "edge", *edge, dtype, {num_edges, h, c});
+  }
+  return Features{kind, h, c, ns, dtype, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge};
+}
+
+// 4-wide loads need C % 4 == 0 and every [.., H, C] tensor aligned to 4 elements.
+int vector_width(const Features& f, std::initializer_list<const at::Tensor*> more) {
+  if (f.channels % 4 != 0 || f.channels > kMaxVectorChannels) return 1;
+  const uintptr_t align = 4 * at::elementSize(f.dtype);
+  auto aligned = [&](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0; };
+  bool ok = aligned(f.msg_src);
+  for (const auto* t : {&f.key_src, &f.dst_vec, &f.att}) ok = ok && (!t->has_value() || aligned(**t));
+  if (f.kind != kGat && f.edge.has_value()) ok = ok && aligned(*f.edge);
+  for (const at::Tensor* t : more) ok = ok && aligned(*t);
+  return ok ? 4 : 1;
+}
+
+template <typename scalar_t>
+const scalar_t* ptr_or_null(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<scalar_t>() : nullptr;
+}
+
+template <typename scalar_t>
+Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, const at::Tensor& indices,
+                             const at::Tensor& eid, int vec, double negative_slope, double scale, double dropout,
+                             int64_t seed, int64_t offset) {
+  Params<scalar_t> p{};
+  p.schedule = schedule;
+  p.indices = index_view(indices);
+  p.eid = eid.data_ptr<int64_t>();
+  p.geo = lane_geometry(static_cast<int>(f.heads), static_cast<int>(f.channels), vec, vec == 4 ? 1 : 8);
+  p.items_per_warp = 1;
+  p.msg_src = f.msg_src.data_ptr<scalar_t>();
+  p.key_src = ptr_or_null<scalar_t>(f.key_src);
+  p.dst_vec = ptr_or_null<scalar_t>(f.dst_vec);
+  p.src_scalar = ptr_or_null<scalar_t>(f.src_scalar);
+  p.dst_scalar = ptr_or_null<scalar_t>(f.dst_scalar);
+  p.att = ptr_or_null<scalar_t>(f.att);
+  p.edge = ptr_or_null<scalar_t>(f.edge);
+  p.slope = static_cast<float>(negative_slope);
+  p.scale = static_cast<float>(scale);
+  p.dropout = Dropout{static_cast<float>(dropout), dropout < 1.0 ? static_cast<float>(1.0 / (1.0 - dropout)) : 0.f,
+                      static_cast<uint64_t>(seed), static_cast<uint64_t>(offset)};
+  return p;
+}
+
+void check_graph(const char* op, const at::Tensor& indices, const at::Tensor& eid, int64_t num_edges) {
+  TORCH_CHECK(indices.is_cuda() && eid.is_cuda(), op, ": indices and eid must be CUDA tensors, got ", indices.device(),
+              " and ", eid.device());
+  TORCH_CHECK(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
+              ": indices must be int32 or int64, got ", indices.scalar_type());
+  TORCH_CHECK(eid.scalar_type() == at::kLong, op, ": eid must be int64, got ", eid.scalar_type());
+  TORCH_CHECK(indices.is_contiguous() && eid.is_contiguous() && indices.numel() == num_edges &&
+                  eid.numel() == num_edges,
+              op, ": indices and eid must be contiguous with ", num_edges, " entries, got ", indices.numel(), " and ",
+              eid.numel());
+}
+
+dim3 first_pass_grid(const RowSchedule& s, const LaneGeometry& geo, int items_per_warp) {
+  const int64_t items = s.num_tiles + s.num_rows;
+  const int64_t per_block = static_cast<int64_t>(kWarpsPerBlock) * items_per_warp;
+  const int64_t blocks = (items + per_block - 1) / per_block;
+  TORCH_CHECK(blocks < (int64_t{1} << 31), "gnnio attention: too many rows for one launch: ", items);
+  const int head_groups = (geo.heads + geo.heads_per_warp - 1) / geo.heads_per_warp;
+  return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(head_groups));
+}
+
+constexpr int kMergeThreads = 256;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
+    int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
+    const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& msg_src,
+    const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
+    const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
+    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
+    double dropout, int64_t seed, int64_t offset, int64_t return_scores) {
+  const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
+  const RowSchedule schedule =
+      row_schedule(kForward, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  check_graph(kForward, indices, eid, num_edges);
+  const Features f = check_features(kForward, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar,
+                                    dst_scalar, att, edge);
+  TORCH_CHECK(return_scores >= 0 && return_scores <= 2, kForward,
+              ": return_scores must be 0 (none), 1 (before dropout) or 2 (after dropout), got ", return_scores);
+  const c10::cuda::CUDAGuard guard(msg_src.device());
+  const auto float_options = msg_src.options().dtype(at::kFloat);
+
+  at::Tensor out = at::empty({num_dst, f.heads, f.channels}, msg_src.options());
+  at::Tensor lse = at::empty({num_dst, f.heads}, float_options);
+  at::Tensor scores = at::empty({return_scores ? num_edges : 0, f.heads}, float_options);
+  const int64_t tiles = schedule.num_tiles;
+  at::Tensor part_max = at::empty({tiles, f.heads}, float_options);
+  at::Tensor part_sum = at::empty({tiles, f.heads}, float_options);
+  at::Tensor part_acc = at::empty({tiles, f.heads, f.channels}, float_options);
+  const int vec = vector_width(f, {&out});
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  GNNIO_DISPATCH_FEATURES(f.dtype, kForward, [&] {
+    Params<scalar_t> p = make_params<scalar_t>(f, schedule, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
+    p.out = out.data_ptr<scalar_t>();
+    p.lse = lse.data_ptr<float>();
+    p.scores = return_scores ? scores.data_ptr<float>() : nullptr;
+    p.scores_after_dropout = return_scores == 2;
+    p.part_max = part_max.data_ptr<float>();
+    p.part_sum = part_sum.data_ptr<float>();
+    p.part_acc = part_acc.data_ptr<float>();
+    const dim3 grid = first_pass_grid(schedule, p.geo, p.items_per_warp);
+    if (grid.x > 0) {
+      GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
+        forward_kernel<KIND, VEC, scalar_t><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+    }
+    if (schedule.num_heavy > 0) {
+      merge_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), kMergeThreads, 0, stream>>>(
+          schedule, static_cast<int>(f.heads), static_cast<int>(f.channels), p.part_max, p.part_sum, p.part_acc,
+          p.out, p.lse);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+  return {out, lse, scores};
+}
+
+template <typename scalar_t>
+void sum_tiles(const RowSchedule& s, int64_t width, const at::Tensor& partial, const at::Tensor& out,
+               cudaStream_t stream) {
+  if (s.num_heavy == 0 || width == 0) return;
+  sum_tiles_kernel<scalar_t><<<static_cast<unsigned>(s.num_heavy), kMergeThreads, 0, stream>>>(
+      s, width, partial.data_ptr<float>(), out.data_ptr<scalar_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The target-side gradient pass also stores its attention-vector partials
+// per block: with 4 rows per warp that is E / 32-row blocks, far below N x H x C.
+constexpr int kGatV2RowsPerWarp = 4;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
+    int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
+    const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& msg_src,
+    const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
+    const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
+    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& out,
+    const at::Tensor& grad_out, const at::Tensor& lse, double negative_slope, double scale, double dropout,
+    int64_t seed, int64_t offset) {
+  const char* op = kBackwardTarget;
+  const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
+  const RowSchedule schedule =
+      row_schedule(op, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  check_graph(op, indices, eid, num_edges);
+  const Features f =
+      check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge);
+  check_tensor(op, "out", out, f.dtype, {num_dst, f.heads, f.channels});
+  check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
+  check_tensor(op, "lse", lse, at::kFloat, {num_dst, f.heads});
+  const c10::cuda::CUDAGuard guard(msg_src.device());
+  const auto float_options = msg_src.options().dtype(at::kFloat);
+  const int64_t tiles = schedule.num_tiles;
+
+  at::Tensor grad_dst = kind == kGat ? at::empty({num_dst, f.heads}, msg_src.options())
+                                     : at::empty({num_dst, f.heads, f.channels}, msg_src.options());
+  at::Tensor grad_edge = edge.has_value() ? at::empty_like(*edge) : at::empty({0}, msg_src.options());
+  at::Tensor delta = at::empty({num_dst, f.heads}, float_options);
+  at::Tensor part_vec = at::empty({kind == kGat ? 0 : tiles, f.heads, f.channels}, float_options);
+  at::Tensor part_scalar = at::empty({kind == kGat ? tiles : 0, f.heads}, float_options);
+  std::initializer_list<const at::Tensor*> extra = {&out, &grad_out, &grad_dst};
+  int vec = vector_width(f, extra);
+  if (edge.has_value() && kind != kGat && reinterpret_cast<uintptr_t>(grad_edge.data_ptr()) % (4 * at::elementSize(f.dtype)))
+    vec = 1;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor grad_att = at::empty({0}, msg_src.options());
+
+  GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
+    Params<scalar_t> p = make_params<scalar_t>(f, schedule, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
+    p.items_per_warp = kind == kGatV2 ? kGatV2RowsPerWarp : 1;
+    const dim3 grid = first_pass_grid(schedule, p.geo, p.items_per_warp);
+    at::Tensor att_partial = at::empty({kind == kGatV2 ? static_cast<int64_t>(grid.x) : 0, f.heads, f.channels}, float_options);
+    p.out_in = out.data_ptr<scalar_t>();
+    p.grad_out = grad_out.data_ptr<scalar_t>();
+    p.lse_in = lse.data_ptr<float>();
+    p.grad_vec = kind == kGat ? nullptr : grad_dst.data_ptr<scalar_t>();
+    p.grad_scalar = kind == kGat ? grad_dst.data_ptr<scalar_t>() : nullptr;
+    p.grad_edge = edge.has_value() ? grad_edge.data_ptr<scalar_t>() : nullptr;
+    p.delta_out = delta.data_ptr<float>();
+    p.att_partial = att_partial.data_ptr<float>();
+    p.part_vec = part_vec.data_ptr<float>();
+    p.part_scalar = part_scalar.data_ptr<float>();
+    if (grid.x > 0) {
+      GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
+        backward_target_kernel<KIND, VEC, scalar_t><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+    }
+    if (kind == kGat)
+      sum_tiles<scalar_t>(schedule, f.heads, part_scalar, grad_dst, stream);
+    else
+      sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec, grad_dst, stream);
+    if (kind == kGatV2) grad_att = att_partial.sum(0).to(f.dtype);
+  });
+  return {grad_dst, grad_att, grad_edge, delta};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
+    int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
+    const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& msg_src,
+    const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
+    const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
+    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
+    const at::Tensor& lse, const at::Tensor& delta, double negative_slope, double scale, double dropout,
+    int64_t seed, int64_t offset) {
+  const char* op = kBackwardSource;
+  const int64_t num_src = indptr.numel() - 1, num_edges = indices.numel();
+  const RowSchedule schedule =
+      row_schedule(op, indptr, num_src, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  check_graph(op, indices, eid, num_edges);
+  TORCH_CHECK(grad_out.dim() == 3, op, ": grad_out must have 3 dims [Nd, H, C], got shape ", grad_out.sizes());
+  const int64_t num_dst = grad_out.size(0);
+  const Features f =
+      check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge);
+  TORCH_CHECK(f.num_src == num_src, op, ": msg_src has ", f.num_src, " rows but the CSC has ", num_src);
+  check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
+  check_tensor(op, "lse", lse, at::kFloat, {num_dst, f.heads});
+  check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads});
+  const c10::cuda::CUDAGuard guard(msg_src.device());
+  const auto float_options = msg_src.options().dtype(at::kFloat);
+  const int64_t tiles = schedule.num_tiles;
+
+  at::Tensor grad_msg = at::empty({num_src, f.heads, f.channels}, msg_src.options());
+  at::Tensor grad_key = at::empty({kind == kDot ? num_src : 0, f.heads, f.channels}, msg_src.options());
+  at::Tensor grad_scalar = at::empty({kind == kGat ? num_src : 0, f.heads}, msg_src.options());
+  at::Tensor part_vec = at::empty({tiles, f.heads, f.channels}, float_options);
+  at::Tensor part_vec2 = at::empty({kind == kDot ? tiles : 0, f.heads, f.channels}, float_options);
+  at::Tensor part_scalar = at::empty({kind == kGat ? tiles : 0, f.heads}, float_options);
+  const int vec = kind == kDot ? vector_width(f, {&grad_out, &grad_msg, &grad_key}) : vector_width(f, {&grad_out, &grad_msg});
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
+    Params<scalar_t> p = make_params<scalar_t>(f, schedule, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
+    p.grad_out = grad_out.data_ptr<scalar_t>();
+    p.lse_in = lse.data_ptr<float>();
+    p.delta_in = delta.data_ptr<float>();
+    p.grad_vec = grad_msg.data_ptr<scalar_t>();
+    p.grad_vec2 = kind == kDot ? grad_key.data_ptr<scalar_t>() : nullptr;
+    p.grad_scalar = kind == kGat ? grad_scalar.data_ptr<scalar_t>() : nullptr;
+    p.part_vec = part_vec.data_ptr<float>();
+    p.part_vec2 = part_vec2.data_ptr<float>();
+    p.part_scalar = part_scalar.data_ptr<float>();
+    const dim3 grid = first_pass_grid(schedule, p.geo, p.items_per_warp);
+    if (grid.x > 0) {
+      GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
+        backward_source_kernel<KIND, VEC, scalar_t><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+    }
+    sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec, grad_msg, stream);
+    if (kind == kDot) sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec2, grad_key, stream);
+    if (kind == kGat) sum_tiles<scalar_t>(schedule, f.heads, part_scalar, grad_scalar, stream);
+  });
+  return {grad_msg, grad_key, grad_scalar};
+}
+
+// (seed, offset) for `increment` Philox draws per thread from the current
+// device's default CUDA generator, advancing it as torch's own dropout does.
+std::vector<int64_t> attention_dropout_seed(int64_t increment) {
+  TORCH_CHECK(increment > 0, "gnnio::attention_dropout_seed: increment must be positive, got ", increment);
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(c10::nullopt,
+                                                                  at::cuda::detail::getDefaultCUDAGenerator());
+  std::lock_guard<std::mutex> lock(gen->mutex_);
+  const at::PhiloxCudaState state = gen->philox_cuda_state(static_cast<uint64_t>((increment + 3) / 4 * 4));
+  TORCH_CHECK(!state.captured_, "gnnio::attention_dropout_seed: attention dropout cannot run under CUDA graph capture");
+  return {static_cast<int64_t>(state.seed_.val), static_cast<int64_t>(state.offset_.val)};
+}
+
+}  // namespace
+}  // namespace attention
+}  // namespace gnnio
+
+// Schemas. kind: 0 GAT, 1 GATv2, 2 dot product (Transformer, AGNN). The
+// graph arguments are (indptr, indices, eid) of the CSR for the forward and
+// target-side passes, of the CSC for the source-side pass, each with its row
+// schedule (common.cuh). Per-edge tensors are in eid order.
+//   msg_src [Ns, H, C]: x_src (GAT, GATv2) or value (dot)
+//   key_src [Ns, H, C]: key (dot);  dst_vec [Nd, H, C]: x_dst (GATv2) or query (dot)
+//   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT)
+//   att [H, C] (GATv2);  edge: [E, H] (GAT) or [E, H, C]
+// attention_forward -> (out [Nd, H, C], lse fp32 [Nd, H] (0 for empty rows),
+//   scores fp32 [E, H] raw scores when return_scores is 1, or 2 for -inf on
+//   dropped edges; [0, H] otherwise).
+// attention_backward_target -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
+//   grad of att [H, C] (GATv2, else empty), grad of edge (else empty),
+//   delta fp32 [Nd, H] for the source pass).
+// attention_backward_source -> (grad of msg_src, grad of key_src (dot, else
+//   empty), grad of src_scalar (GAT, else empty)).
+// Deterministic; no atomics.
+#define GNNIO_ATTENTION_GRAPH_ARGS                                                                          \
+  "Tensor indptr, Tensor indices, Tensor eid, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, " \
+  "Tensor heavy_tile_ptr, int tile_edges, Tensor msg_src, Tensor? key_src, Tensor? dst_vec, Tensor? src_scalar, " \
+  "Tensor? dst_scalar, Tensor? att, Tensor? edge, "
+
+TORCH_LIBRARY_FRAGMENT(gnnio, m) {
+  m.def("attention_forward(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
+        "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("attention_backward_target(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
+        "Tensor out, Tensor grad_out, Tensor lse, float negative_slope, float scale, float dropout, int seed, "
+        "int offset) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("attention_backward_source(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
+        "Tensor grad_out, Tensor lse, Tensor delta, float negative_slope, float scale, float dropout, int seed, "
+        "int offset) -> (Tensor, Tensor, Tensor)");
+  m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
+}
+
+TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
+  m.impl("attention_forward", &gnnio::attention::attention_forward);
+  m.impl("attention_backward_target", &gnnio::attention::attention_backward_target);
+  m.impl("attention_backward_source", &gnnio::attention::attention_backward_source);
+}

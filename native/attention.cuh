@@ -1,0 +1,120 @@
+// Device helpers of the fused attention kernels (attention.cu): the lane
+// layout over heads and channels, fp32 loads of 1 or 4 feature elements,
+// reductions inside one head's lane group, the LeakyReLU pair and the
+// counter-based dropout mask.
+#pragma once
+
+#include "common.cuh"
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace gnnio {
+namespace attention {
+
+// Score kinds. GAT: leaky_relu(a_src[s] + a_dst[t] + a_edge[e]), message x_src[s].
+// GATv2: sum_c att[c] * leaky_relu(x_src[s] + x_dst[t] + edge[e])[c], message x_src[s].
+// Dot (Transformer, AGNN): scale * <q[t], k[s] + edge[e]>, message v[s] + edge[e].
+enum Kind : int { kGat = 0, kGatV2 = 1, kDot = 2 };
+
+// A warp covers one target row (or one tile of it) for a group of heads.
+// Each head gets `lanes_per_head` lanes (a power of two); lane l of a head
+// holds channels (k * lanes_per_head + l) * VEC .. + VEC for k < K.
+// VEC = 4 (one 16-byte fp32 or 8-byte 16-bit load) when C % 4 == 0 and
+// C <= 128; VEC = 1 with K = 8 otherwise (C <= 256).
+template <int VEC>
+struct Layout {
+  static constexpr int kChunks = VEC == 4 ? 1 : 8;
+};
+
+struct LaneGeometry {
+  int heads;           // H
+  int channels;        // C
+  int lanes_per_head;  // power of two
+  int heads_per_warp;  // 32 / lanes_per_head
+};
+
+// Host: lanes per head for C channels in chunks of VEC, K chunks per lane.
+inline LaneGeometry lane_geometry(int heads, int channels, int vec, int chunks_per_lane) {
+  const int64_t chunks = (channels + vec - 1) / vec;
+  const int64_t per_lane = (chunks + chunks_per_lane - 1) / chunks_per_lane;
+  const int lanes = lanes_per_edge(per_lane);
+  return LaneGeometry{heads, channels, lanes, kWarp / lanes};
+}
+
+// VEC elements of `p` as fp32 (VEC == 4: one vector load; alignment checked on the host).
+template <int VEC, typename T>
+__device__ __forceinline__ void load_f32(const T* __restrict__ p, float (&out)[VEC]) {
+  if constexpr (VEC == 4) {
+    const Vec<T, 4> v = load_vec<T, 4>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = static_cast<float>(v.v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = static_cast<float>(p[i]);
+  }
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_f32(T* __restrict__ p, const float (&in)[VEC]) {
+  if constexpr (VEC == 4) {
+    Vec<T, 4> v;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v.v[i] = static_cast<T>(in[i]);
+    store_vec<T, 4>(p, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) p[i] = static_cast<T>(in[i]);
+  }
+}
+
+// Sum over the `lanes` lanes of one head (aligned power-of-two groups).
+__device__ __forceinline__ float head_sum(float value, int lanes) {
+  for (int offset = lanes >> 1; offset > 0; offset >>= 1) value += __shfl_xor_sync(kFullMask, value, offset);
+  return value;
+}
+
+__device__ __forceinline__ float leaky_relu(float x, float slope) { return x > 0.f ? x : x * slope; }
+__device__ __forceinline__ float leaky_relu_grad(float x, float slope) { return x > 0.f ? 1.f : slope; }
+
+// Attention dropout without a stored mask: Philox-4x32-10 keyed by torch's
+// generator seed, counter (edge id, offset + head / 4); word head % 4 gives a
+// uniform in [0, 1). Forward and backward evaluate the same (edge, head) pairs
+// to the same bits, so backward regenerates the mask instead of reading one.
+__device__ __forceinline__ float dropout_uniform(uint64_t seed, uint64_t offset, int64_t edge, int head) {
+  uint32_t c0 = static_cast<uint32_t>(edge), c1 = static_cast<uint32_t>(static_cast<uint64_t>(edge) >> 32);
+  uint32_t c2 = static_cast<uint32_t>(offset) + static_cast<uint32_t>(head >> 2), c3 = static_cast<uint32_t>(offset >> 32);
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  const int word = head & 3;
+  const uint32_t bits = word == 0 ? c0 : word == 1 ? c1 : word == 2 ? c2 : c3;
+  return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f);
+}
+
+// The weight dropout gives an attention coefficient: 0 when dropped, 1/(1-p) when kept.
+struct Dropout {
+  float p;
+  float keep_scale;
+  uint64_t seed;
+  uint64_t offset;
+
+  __device__ __forceinline__ float weight(int64_t edge, int head) const {
+    if (p <= 0.f) return 1.f;
+    return dropout_uniform(seed, offset, edge, head) >= p ? keep_scale : 0.f;
+  }
+};
+
+}  // namespace attention
+}  // namespace gnnio

@@ -1,0 +1,271 @@
+"""The fused CUDA attention kernels (native/attention.cu) against the fp64 reference ops.
+
+Every case runs the public op twice: with the native backend on the inputs'
+dtype, and with the reference backend on the same values upcast to fp64 (the
+oracle). Forward outputs, returned attention weights and the gradients of
+every input are compared. 16-bit results must stay within 2x the error of
+plain PyTorch at the same precision. GPU only: skipped unless CUDA is visible
+and the native extension builds.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnio_cli.graph import Graph
+from gnnio_cli.ops import attention as attention_ops
+from gnnio_cli.ops import attention_native, dispatch
+from gnnio_cli.ops.segment import eid_to_slot
+from testing import assert_within_torch_error, random_graph, randn, relative_error, with_index_dtype
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+KINDS = ("gat", "gatv2", "transformer", "agnn")
+EDGE_KINDS = ("gat", "gatv2", "transformer")
+FP32_TOLERANCE = 2e-4
+DATASETS = Path(os.environ.get("GNNIO_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native_extension():
+    from gnnio_cli import native
+
+    try:
+        native.load()
+    except Exception as error:  # the reason is the skip message
+        pytest.skip(f"native extension unavailable: {error}")
+
+
+# ----------------------------------------------------------------- helpers
+def make_inputs(kind, graph, heads, channels, dtype, *, edges=False, seed=0):
+    """Leaf tensors for the public op `kind`, on the GPU, fresh random values (never zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    ns, nd, ne = graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges
+
+    def tensor(*shape):
+        return randn(*shape, dtype=dtype, device="cuda", generator=gen).requires_grad_()
+
+    if kind == "gat":
+        inputs = dict(x_src=tensor(ns, heads, channels), alpha_src=tensor(ns, heads), alpha_dst=tensor(nd, heads))
+        if edges:
+            inputs["edge_alpha"] = tensor(ne, heads)
+    elif kind == "gatv2":
+        inputs = dict(x_src=tensor(ns, heads, channels), x_dst=tensor(nd, heads, channels), att=tensor(heads, channels))
+        if edges:
+            inputs["edge_feat"] = tensor(ne, heads, channels)
+    elif kind == "transformer":
+        inputs = dict(query=tensor(nd, heads, channels), key=tensor(ns, heads, channels), value=tensor(ns, heads, channels))
+        if edges:
+            inputs["edge_feat"] = tensor(ne, heads, channels)
+    else:
+        inputs = dict(x_src=tensor(ns, channels), x_dst=tensor(nd, channels), beta=tensor(1))
+    return inputs
+
+
+def run(kind, graph, inputs, backend, **options):
+    """The public op under `backend`; returns (out, alpha or None)."""
+    if kind in ("gat", "gatv2"):
+        options.setdefault("negative_slope", 0.2)
+    with dispatch.use_backend(backend):
+        dispatch.reset()
+        result = getattr(attention_ops, f"{kind}_attention")(graph, **inputs, **options)
+        ran = dispatch.ran()[f"{kind}_attention"]
+    if backend == "native":
+        assert ran.startswith("fused"), ran
+    return result if isinstance(result, tuple) else (result, None)
+
+
+def forward_backward(kind, graph, inputs, backend, grad_seed=1, **options):
+    """(out, alpha, {name: grad}) with a random upstream gradient."""
+    out, alpha = run(kind, graph, inputs, backend, **options)
+    gen = torch.Generator().manual_seed(grad_seed)
+    grad_out = randn(*out.shape, generator=gen).to(device=out.device, dtype=out.dtype)
+    names = list(inputs)
+    grads = torch.autograd.grad(out, [inputs[n] for n in names], grad_out)
+    return out, alpha, dict(zip(names, grads))
+
+
+def scaled_error(actual, expected, floor=1e-3):
+    """max |actual - expected| / max(max |expected|, floor): gradients that are zero in exact
+    arithmetic (AGNN's x_dst with one channel: d(x/|x|)/dx = 0) are judged against the floor."""
+    return relative_error(actual, expected) * max(expected.abs().max().item(), 1e-30) / max(
+        expected.abs().max().item(), floor
+    )
+
+
+def upcast(inputs, dtype=torch.float64):
+    return {name: t.detach().to(dtype).requires_grad_() for name, t in inputs.items()}
+
+
+def check_against_oracle(kind, graph, inputs, tolerance=FP32_TOLERANCE, **options):
+    out, alpha, grads = forward_backward(kind, graph, inputs, "native", **options)
+    ref_out, ref_alpha, ref_grads = forward_backward(kind, graph, upcast(inputs), "reference", **options)
+    assert out.dtype == inputs[next(iter(inputs))].dtype
+    error = relative_error(out, ref_out)
+    assert error <= tolerance, f"out: relative error {error:.3g}"
+    if alpha is not None:
+        error = relative_error(alpha, ref_alpha)
+        assert error <= tolerance, f"alpha: relative error {error:.3g}"
+    for name in grads:
+        assert grads[name].shape == inputs[name].shape
+        error = scaled_error(grads[name], ref_grads[name])
+        assert error <= 10 * tolerance, f"grad {name}: relative error {error:.3g}"
+
+
+@functools.lru_cache(maxsize=None)
+def small_graph() -> Graph:
+    """300 nodes with every edge case and a hub of in-degree 1,500, which the schedule cuts into tiles."""
+    return random_graph(300, 2500, hub_degree=1500, seed=3)
+
+
+# ------------------------------------------------------------------ tests
+@pytest.mark.parametrize("channels", [1, 7, 32, 33, 64, 130])
+@pytest.mark.parametrize("heads", [1, 3, 8])
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_fp64_reference(kind, heads, channels):
+    if kind == "agnn" and heads != 1:
+        pytest.skip("AGNN has one head")
+    graph = small_graph().to("cuda")
+    assert attention_native.row_schedule(graph, "csr").heavy_rows.numel() > 0
+    inputs = make_inputs(kind, graph, heads, channels, torch.float32, seed=heads * 1000 + channels)
+    check_against_oracle(kind, graph, inputs, return_attention=True)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("kind", EDGE_KINDS)
+def test_edge_features_and_index_dtypes(kind, index_dtype):
+    graph = with_index_dtype(small_graph(), index_dtype).to("cuda")
+    inputs = make_inputs(kind, graph, 4, 32, torch.float32, edges=True, seed=7)
+    check_against_oracle(kind, graph, inputs, return_attention=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hub_of_degree_150k_bipartite(kind):
+    """A super node far above any tile, on a bipartite graph with empty rows, loops and duplicates."""
+    graph = random_graph(3000, 30000, hub_degree=150_000, num_dst_nodes=2000, seed=5).to("cuda")
+    schedule = attention_native.row_schedule(graph, "csr")
+    assert int(schedule.heavy_tile_ptr.diff().max()) > 100
+    inputs = make_inputs(kind, graph, 4, 32, torch.float32, edges=kind in EDGE_KINDS, seed=9)
+    check_against_oracle(kind, graph, inputs)
+
+
+def test_out_hub_is_split_in_the_source_pass():
+    """A source with 50k out-edges: its CSC row is tiled for the source-side gradients."""
+    rng = np.random.default_rng(4)
+    src = np.concatenate([np.zeros(50_000, dtype=np.int64), rng.integers(0, 500, 5000)])
+    dst = np.concatenate([rng.integers(0, 60_000, 50_000), rng.integers(0, 60_000, 5000)])
+    graph = Graph.from_edge_index(np.stack([src, dst]), num_nodes=60_000).to("cuda")
+    assert attention_native.row_schedule(graph, "csc").heavy_rows.numel() > 0
+    for kind in KINDS:
+        check_against_oracle(kind, graph, make_inputs(kind, graph, 2, 16, torch.float32, seed=11))
+
+
+def test_graph_without_edges_gives_zeros():
+    graph = Graph.from_edge_index(np.zeros((2, 0), dtype=np.int64), num_nodes=7).to("cuda")
+    for kind in KINDS:
+        inputs = make_inputs(kind, graph, 2, 8, torch.float32)
+        out, _, grads = forward_backward(kind, graph, inputs, "native")
+        assert torch.equal(out, torch.zeros_like(out))
+        assert all(torch.isfinite(g).all() for g in grads.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_16bit_within_twice_torch_error(kind, dtype):
+    graph = small_graph().to("cuda")
+    inputs = make_inputs(kind, graph, 4, 32, dtype, edges=kind in EDGE_KINDS, seed=13)
+    out, _, grads = forward_backward(kind, graph, inputs, "native")
+    torch_out, _, torch_grads = forward_backward(kind, graph, upcast(inputs, dtype), "reference")
+    oracle_out, _, oracle_grads = forward_backward(kind, graph, upcast(inputs), "reference")
+    assert out.dtype == dtype
+    assert_within_torch_error(out, oracle_out, torch_out)
+    for name in grads:
+        assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
+
+
+@pytest.mark.parametrize("channels", [32, 33])
+def test_every_output_element_is_written(channels):
+    """Outputs come from the caching allocator after NaN filled its blocks: a skipped element stays NaN."""
+    graph = small_graph().to("cuda")
+    for kind in KINDS:
+        inputs = make_inputs(kind, graph, 3, channels, torch.float32, edges=kind in EDGE_KINDS, seed=17)
+        poison = torch.full((1 << 24,), float("nan"), device="cuda")
+        del poison
+        out, alpha, grads = forward_backward(kind, graph, inputs, "native", return_attention=True)
+        assert torch.isfinite(out).all() and torch.isfinite(alpha).all(), kind
+        for name, grad in grads.items():
+            assert torch.isfinite(grad).all(), (kind, name)
+
+
+class _MaskedFunctional:
+    """torch.nn.functional with dropout replaced by a fixed mask (slot order), for the reference op."""
+
+    def __init__(self, module, keep):
+        self._module, self._keep = module, keep
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def dropout(self, alpha, p, training):
+        return alpha * self._keep.to(alpha.dtype) / (1.0 - p)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropout_mask_is_regenerated_in_backward(kind, monkeypatch):
+    """The kernel's mask, read back through GAT's after-dropout weights, reproduces its forward and backward."""
+    graph = small_graph().to("cuda")
+    heads = 1 if kind == "agnn" else 3
+    probability = 0.3
+    torch.cuda.manual_seed(1234)
+    gat_inputs = make_inputs("gat", graph, heads, 4, torch.float32, seed=19)
+    _, dropped = run("gat", graph, gat_inputs, "native", dropout=probability, training=True, return_attention=True)
+    keep = dropped != 0
+    kept = keep.float().mean().item()
+    assert abs(kept - (1 - probability)) < 0.03, kept
+
+    inputs = make_inputs(kind, graph, heads, 8, torch.float32, edges=kind in EDGE_KINDS, seed=23)
+    torch.cuda.manual_seed(1234)
+    out, _, grads = forward_backward(kind, graph, inputs, "native", dropout=probability, training=True)
+    keep_slot = eid_to_slot(graph, keep if kind != "agnn" else keep.reshape(-1, 1))
+    monkeypatch.setattr(attention_ops, "F", _MaskedFunctional(attention_ops.F, keep_slot))
+    ref_out, _, ref_grads = forward_backward(kind, graph, upcast(inputs), "reference", dropout=probability, training=True)
+    assert relative_error(out, ref_out) <= FP32_TOLERANCE
+    for name in grads:
+        assert relative_error(grads[name], ref_grads[name]) <= 10 * FP32_TOLERANCE, name
+
+
+def test_dropout_statistics_and_fresh_masks():
+    graph = random_graph(2000, 40000, seed=29).to("cuda")
+    inputs = make_inputs("gatv2", graph, 4, 8, torch.float32, seed=31)
+    options = dict(dropout=0.4, training=True, return_attention=True)
+    _, first = run("gatv2", graph, inputs, "native", **options)
+    _, second = run("gatv2", graph, inputs, "native", **options)
+    kept = (first != 0).float().mean().item()
+    samples = first.numel()
+    assert abs(kept - 0.6) < 5 * math.sqrt(0.24 / samples), kept
+    assert not torch.equal(first != 0, second != 0)
+    _, evaluation = run("gatv2", graph, inputs, "native", dropout=0.4, training=False, return_attention=True)
+    assert (evaluation != 0).all()
+
+
+def _dataset_graphs():
+    files = sorted(p for p in DATASETS.glob("*.gz")) if DATASETS.is_dir() else []
+    return files or [pytest.param(None, marks=pytest.mark.skip(reason=f"no datasets under {DATASETS}"))]
+
+
+@pytest.mark.parametrize("path", _dataset_graphs(), ids=lambda p: p.name if p else "none")
+def test_shipped_datasets(path):
+    from gnnio_cli.graph.io import read_edges
+
+    edges = read_edges(str(path))
+    graph = Graph.from_edge_index(np.stack([edges.src, edges.dst])).to("cuda")
+    for kind in KINDS:
+        inputs = make_inputs(kind, graph, 2, 16, torch.float32, edges=kind in EDGE_KINDS, seed=37)
+        check_against_oracle(kind, graph, inputs)
