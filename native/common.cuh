@@ -1,0 +1,227 @@
+// Shared pieces of gnnio's CUDA kernels: boundary checks, the feature-dtype
+// switch, 128-bit vector loads, warp reductions and the degree-aware row
+// schedule. Every native/*.cu includes this header; host-only helpers are
+// inline so several translation units can use them.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+namespace gnnio {
+
+// ------------------------------------------------------------------ checks
+// Messages name the op, the argument and what was seen, e.g.
+// "gnnio::segment_sum: x must be a CUDA tensor, got cpu".
+#define GNNIO_CHECK(cond, op, ...) TORCH_CHECK(cond, op, ": ", __VA_ARGS__)
+
+// Feature dtypes: fp32, fp16, bf16 (accumulation is always fp32). Three
+// instantiations per kernel, no more: index widths are runtime flags.
+#define GNNIO_DISPATCH_FEATURES(dtype, op, ...)                                            \
+  [&] {                                                                                     \
+    switch (dtype) {                                                                        \
+      case at::kFloat: {                                                                    \
+        using scalar_t = float;                                                             \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case at::kHalf: {                                                                     \
+        using scalar_t = at::Half;                                                          \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case at::kBFloat16: {                                                                 \
+        using scalar_t = at::BFloat16;                                                      \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      default:                                                                              \
+        TORCH_CHECK(false, op, ": features must be float32, float16 or bfloat16, got ", dtype); \
+    }                                                                                       \
+  }()
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// --------------------------------------------------------------- indices
+// Column indices are int32 or int64 (DESIGN.md); the width is a runtime flag
+// read by a warp-uniform branch, which costs nothing in these memory-bound
+// kernels and halves the number of instantiations.
+struct IndexView {
+  const void* data;
+  bool is_int64;
+
+  __device__ __forceinline__ int64_t operator[](int64_t i) const {
+    return is_int64 ? static_cast<const int64_t*>(data)[i] : static_cast<int64_t>(static_cast<const int32_t*>(data)[i]);
+  }
+};
+
+inline IndexView index_view(const at::Tensor& t) {
+  return IndexView{t.data_ptr(), t.scalar_type() == at::kLong};
+}
+
+// ----------------------------------------------------------- vector loads
+// VEC elements of T in one aligned load: 16 bytes (one 128-bit LDG) when
+// VEC * sizeof(T) == 16.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_vec(const T* __restrict__ p) {
+  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec(T* __restrict__ p, const Vec<T, VEC>& value) {
+  *reinterpret_cast<Vec<T, VEC>*>(p) = value;
+}
+
+// Elements of scalar_t per 128-bit load: 4 for fp32, 8 for fp16/bf16.
+template <typename scalar_t>
+constexpr int vec_width() {
+  return 16 / static_cast<int>(sizeof(scalar_t));
+}
+
+// Whether rows of `width` elements starting at `t`'s base can use VEC-wide
+// loads: every row start must be 16-byte aligned.
+inline bool rows_vectorisable(const at::Tensor& t, int64_t width, int vec) {
+  return width % vec == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// ------------------------------------------------------- warp reductions
+template <typename T>
+__device__ __forceinline__ T warp_sum(T value) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) value += __shfl_xor_sync(kFullMask, value, offset);
+  return value;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_max(T value) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) value = max(value, __shfl_xor_sync(kFullMask, value, offset));
+  return value;
+}
+
+// Lanes that share one edge's feature chunk: the smallest power of two >= the
+// number of chunks in a row, at most a warp. The other lanes take further
+// edges, so narrow rows (bf16 x 128 = 16 chunks) read two edges per step.
+__host__ __device__ inline int lanes_per_edge(int64_t chunks) {
+  int lanes = 1;
+  while (lanes < kWarp && lanes < chunks) lanes <<= 1;
+  return lanes;
+}
+
+// ------------------------------------------------------ row schedule
+// The degree-aware schedule of one CSR (or CSC): rows with at most
+// `tile_edges` slots are "light" and handled by one warp each; longer rows
+// are "heavy" and cut into tiles of `tile_edges` slots, one warp per tile,
+// whose fp32 partial results a second pass merges in tile order (so sums are
+// deterministic). Built once per graph by gnnio_cli/ops/schedule.py.
+//
+//   tile_row       int64 [T]      the heavy row each tile belongs to
+//   tile_start     int64 [T]      the tile's first slot
+//   heavy_rows     int64 [H]      heavy rows, ascending
+//   heavy_tile_ptr int64 [H + 1]  tiles of heavy_rows[h] are heavy_tile_ptr[h] ..
+struct RowSchedule {
+  const int64_t* indptr;
+  const int64_t* tile_row;
+  const int64_t* tile_start;
+  const int64_t* heavy_rows;
+  const int64_t* heavy_tile_ptr;
+  int64_t num_rows;
+  int64_t num_tiles;
+  int64_t num_heavy;
+  int64_t tile_edges;
+};
+
+// One warp's share of the first pass: slots [begin, end) of `row`, written to
+// the output row (partial < 0) or to partial slot `partial`.
+struct WorkItem {
+  int64_t row;
+  int64_t row_begin;  // the row's first slot (positions are relative to it)
+  int64_t begin;
+  int64_t end;
+  int64_t partial;
+};
+
+// Warps [0, T) take the tiles (long, so they start first), warps [T, T + N)
+// the rows; a heavy row's own warp returns false at once.
+__device__ __forceinline__ bool work_item(const RowSchedule& s, int64_t warp, WorkItem& item) {
+  if (warp < s.num_tiles) {
+    item.row = s.tile_row[warp];
+    item.row_begin = s.indptr[item.row];
+    item.begin = s.tile_start[warp];
+    item.end = min(item.begin + s.tile_edges, s.indptr[item.row + 1]);
+    item.partial = warp;
+    return true;
+  }
+  item.row = warp - s.num_tiles;
+  if (item.row >= s.num_rows) return false;
+  item.row_begin = item.begin = s.indptr[item.row];
+  item.end = s.indptr[item.row + 1];
+  item.partial = -1;
+  return item.end - item.begin <= s.tile_edges;
+}
+
+constexpr int kWarpsPerBlock = 8;
+
+inline int64_t first_pass_blocks(const RowSchedule& s) {
+  return (s.num_tiles + s.num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+}
+
+// Host side: check and view the schedule tensors built in Python.
+inline RowSchedule row_schedule(const char* op, const at::Tensor& indptr, int64_t num_rows,
+                                const at::Tensor& tile_row, const at::Tensor& tile_start,
+                                const at::Tensor& heavy_rows, const at::Tensor& heavy_tile_ptr,
+                                int64_t tile_edges) {
+  const at::Tensor* parts[] = {&indptr, &tile_row, &tile_start, &heavy_rows, &heavy_tile_ptr};
+  const char* names[] = {"indptr", "tile_row", "tile_start", "heavy_rows", "heavy_tile_ptr"};
+  for (int i = 0; i < 5; ++i) {
+    TORCH_CHECK(parts[i]->is_cuda(), op, ": ", names[i], " must be a CUDA tensor, got ", parts[i]->device());
+    TORCH_CHECK(parts[i]->scalar_type() == at::kLong, op, ": ", names[i], " must be int64, got ",
+                parts[i]->scalar_type());
+    TORCH_CHECK(parts[i]->dim() == 1 && parts[i]->is_contiguous(), op, ": ", names[i],
+                " must be a contiguous 1-d tensor, got shape ", parts[i]->sizes());
+  }
+  TORCH_CHECK(indptr.numel() == num_rows + 1, op, ": indptr must have num_rows + 1 = ", num_rows + 1,
+              " entries, got ", indptr.numel());
+  TORCH_CHECK(tile_edges > 0, op, ": tile_edges must be positive, got ", tile_edges);
+  TORCH_CHECK(tile_row.numel() == tile_start.numel(), op, ": tile_row and tile_start differ in length: ",
+              tile_row.numel(), " vs ", tile_start.numel());
+  TORCH_CHECK(heavy_tile_ptr.numel() == heavy_rows.numel() + 1, op,
+              ": heavy_tile_ptr must have len(heavy_rows) + 1 = ", heavy_rows.numel() + 1, " entries, got ",
+              heavy_tile_ptr.numel());
+  return RowSchedule{indptr.data_ptr<int64_t>(),     tile_row.data_ptr<int64_t>(), tile_start.data_ptr<int64_t>(),
+                     heavy_rows.data_ptr<int64_t>(), heavy_tile_ptr.data_ptr<int64_t>(), num_rows,
+                     tile_row.numel(),               heavy_rows.numel(),            tile_edges};
+}
+
+// Check the feature matrix [rows, width]: CUDA, contiguous, 2-d.
+inline void check_features(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
+  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must have 2 dims [N, F], got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
+}
+
+// Check a per-slot (or per-row) 1-d array on x's device with `numel` entries.
+inline void check_array(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x, int64_t numel) {
+  GNNIO_CHECK(t.device() == x.device(), op, name, " is on ", t.device(), " but x is on ", x.device());
+  GNNIO_CHECK(t.dim() == 1 && t.is_contiguous(), op, name, " must be a contiguous 1-d tensor, got shape ",
+              t.sizes(), " strides ", t.strides());
+  GNNIO_CHECK(t.numel() == numel, op, name, " must have ", numel, " entries, got ", t.numel());
+}
+
+inline void check_index_dtype(const char* op, const char* name, const at::Tensor& t) {
+  GNNIO_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, name, " must be int32 or int64, got ",
+              t.scalar_type());
+}
+
+// Second pass of every summing kernel (spmm.cu): out[heavy_rows[h]] = the sum,
+// in tile order, of the fp32 partial rows [T, F] of h's tiles.
+void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out);
+
+}  // namespace gnnio

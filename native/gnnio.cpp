@@ -1,0 +1,53 @@
+// Schemas of gnnio's native ops: declared once here, implemented for CUDA in
+// one .cu per kernel family (spmm.cu, reduce.cu, ...), each registering its
+// kernels with TORCH_LIBRARY_IMPL(gnnio, CUDA, m). Other families add their
+// own schemas with TORCH_LIBRARY_FRAGMENT(gnnio, m) in their .cu file.
+//
+// Conventions shared by the ops below:
+// - A compressed structure is (indptr int64 [R + 1], indices int32/int64 [E]);
+//   for the forward passes it is the CSR (row = target, index = source), for
+//   the backward passes the CSC (row = source, index = target).
+// - Features are [rows, F], contiguous, fp32/fp16/bf16; accumulation is fp32.
+// - The row schedule (tile_row, tile_start, heavy_rows, heavy_tile_ptr,
+//   tile_edges) is the degree-aware split described in common.cuh, built once
+//   per graph by gnnio_cli/ops/schedule.py.
+// - Rows without slots produce 0.
+
+#include <torch/library.h>
+
+TORCH_LIBRARY(gnnio, m) {
+  // out[r] = sum over slots k of row r of values[k] * x[indices[k]] (values
+  // fp32 [E] in slot order, or None for all ones); [R, F] in x's dtype.
+  // Deterministic: heavy rows are summed per tile, tiles merged in order.
+  m.def(
+      "segment_sum(Tensor indptr, Tensor indices, Tensor? values, Tensor x, int num_rows, "
+      "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges) -> Tensor");
+
+  // Per-feature max (or min with is_min) over each row's sources. Returns
+  // (out [R, F] in x's dtype, 0 in empty rows; position [R, F]: for each
+  // (row, feature) the slot of the winner counted from the row's first slot,
+  // as int16 read as unsigned when compact_position (every row has at most
+  // 65,536 slots) else int32). Winner: the largest value (NaN counts as
+  // largest), ties to the smallest source id, then the earliest slot.
+  m.def(
+      "segment_extremum(Tensor indptr, Tensor indices, Tensor x, int num_rows, bool is_min, "
+      "bool compact_position, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, "
+      "int tile_edges) -> (Tensor, Tensor)");
+
+  // Gradient of segment_extremum with respect to x, without atomics: for each
+  // source s (a CSC row), the sum of grad_out[t, f] over the targets t whose
+  // winner for feature f is this slot. csc_position int32 [E]: for each CSC
+  // slot, the position of the same edge in its CSR row. Returns [num_src, F].
+  m.def(
+      "segment_extremum_backward(Tensor csc_indptr, Tensor csc_indices, Tensor csc_position, Tensor grad_out, "
+      "Tensor position, int num_src, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, "
+      "Tensor heavy_tile_ptr, int tile_edges) -> Tensor");
+
+  // cuSPARSE SpMM (CSR, fp32 compute): out[r] = sum_k values[k] * x[indices[k]].
+  // indptr and indices share one index dtype (int32 or int64); values has x's
+  // dtype. workspace: a uint8 buffer of at least cusparse_spmm_buffer_size bytes.
+  m.def(
+      "cusparse_spmm(Tensor indptr, Tensor indices, Tensor values, Tensor x, int num_rows, "
+      "Tensor(a!) workspace) -> Tensor");
+  m.def("cusparse_spmm_buffer_size(Tensor indptr, Tensor indices, Tensor values, Tensor x, int num_rows) -> int");
+}

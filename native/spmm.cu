@@ -1,0 +1,301 @@
+// SpMM family: weighted sums of neighbour rows over a compressed structure.
+//
+// segment_sum: gnnio's own CSR kernel. One warp per light row; lanes cover the
+// row's features with 128-bit loads (4 fp32 or 8 fp16/bf16 per lane), and
+// when a row is narrower than a warp's worth of vectors the spare lanes take
+// further edges (bf16 x 128 features: two edges per step). Heavy rows are
+// cut into tiles, summed per tile in fp32 and merged in tile order by a
+// second pass, so a hub never holds one warp for its whole degree and the
+// result is deterministic.
+//
+// cusparse_spmm: the vendor SpMM (CSR, fp32 compute), the yardstick and the
+// fp32 alternative; gnnio_cli/ops/spmm.py picks between the two.
+
+#include "common.cuh"
+
+#include <cusparse.h>
+
+namespace gnnio {
+namespace {
+
+// Edges whose feature loads one lane group issues before using any of them:
+// enough independent 128-bit loads in flight to cover DRAM latency.
+constexpr int kEdgeUnroll = 4;
+
+// Sum of values[k] * x[indices[k]] over the item's slots, written as one output
+// row (scalar_t) or one fp32 partial row. VEC is the vector width of this call
+// (1 on the scalar path, used when rows are not 16-byte aligned).
+template <typename scalar_t, int VEC>
+__device__ __forceinline__ void sum_slots(const WorkItem& item, IndexView indices, const float* __restrict__ values,
+                                          const scalar_t* __restrict__ x, int64_t width, scalar_t* __restrict__ out,
+                                          float* __restrict__ partials) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t chunks = width / VEC;
+  const int lanes = lanes_per_edge(chunks);
+  const int groups = kWarp / lanes;
+  const int group = lane / lanes;
+  const int group_lane = lane % lanes;
+
+  for (int64_t first_chunk = 0; first_chunk < chunks; first_chunk += lanes) {
+    const int64_t chunk = first_chunk + group_lane;
+    const bool active = chunk < chunks;
+    const int64_t column = chunk * VEC;
+    float acc[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
+
+    for (int64_t base = item.begin; base < item.end; base += kWarp) {
+      // The warp reads 32 slots' indices and weights at once, then shares them.
+      const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
+      const int64_t my_source = lane < count ? indices[base + lane] : 0;
+      const float my_weight = lane < count ? (values != nullptr ? values[base + lane] : 1.f) : 0.f;
+      for (int step = 0; step < count; step += groups * kEdgeUnroll) {
+        int64_t source[kEdgeUnroll];
+        float weight[kEdgeUnroll];
+#pragma unroll
+        for (int u = 0; u < kEdgeUnroll; ++u) {
+          const int slot = step + u * groups + group;
+          source[u] = __shfl_sync(kFullMask, my_source, slot % kWarp);
+          weight[u] = __shfl_sync(kFullMask, my_weight, slot % kWarp);
+          if (slot >= count) source[u] = -1;
+        }
+        Vec<scalar_t, VEC> row[kEdgeUnroll];
+#pragma unroll
+        for (int u = 0; u < kEdgeUnroll; ++u) {
+          if (active && source[u] >= 0) {
+            row[u] = load_vec<scalar_t, VEC>(x + source[u] * width + column);
+          } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) row[u].v[v] = scalar_t(0.f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kEdgeUnroll; ++u) {
+          const float w = source[u] >= 0 ? weight[u] : 0.f;
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) acc[v] += w * static_cast<float>(row[u].v[v]);
+        }
+      }
+    }
+    // Lane groups that took different edges add up in a fixed order.
+    for (int offset = lanes; offset < kWarp; offset <<= 1) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) acc[v] += __shfl_xor_sync(kFullMask, acc[v], offset);
+    }
+    if (group == 0 && active) {
+      if (item.partial < 0) {
+        Vec<scalar_t, VEC> result;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) result.v[v] = static_cast<scalar_t>(acc[v]);
+        store_vec<scalar_t, VEC>(out + item.row * width + column, result);
+      } else {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) partials[item.partial * width + column + v] = acc[v];
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
+    segment_sum_kernel(RowSchedule schedule, IndexView indices, const float* __restrict__ values,
+                       const scalar_t* __restrict__ x, int64_t width, bool vectorised, scalar_t* __restrict__ out,
+                       float* __restrict__ partials) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  WorkItem item;
+  if (!work_item(schedule, warp, item)) return;
+  if (vectorised) {
+    sum_slots<scalar_t, vec_width<scalar_t>()>(item, indices, values, x, width, out, partials);
+  } else {
+    sum_slots<scalar_t, 1>(item, indices, values, x, width, out, partials);
+  }
+}
+
+}  // namespace
+
+// Second pass, shared with the max/min backward: each block merges one heavy
+// row's tile partials in tile order.
+template <typename scalar_t>
+__global__ void merge_partial_sums_kernel(RowSchedule schedule, const float* __restrict__ partials, int64_t width,
+                                          scalar_t* __restrict__ out) {
+  const int64_t heavy = blockIdx.x;
+  const int64_t row = schedule.heavy_rows[heavy];
+  const int64_t first = schedule.heavy_tile_ptr[heavy];
+  const int64_t last = schedule.heavy_tile_ptr[heavy + 1];
+  for (int64_t column = threadIdx.x; column < width; column += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t tile = first; tile < last; ++tile) acc += partials[tile * width + column];
+    out[row * width + column] = static_cast<scalar_t>(acc);
+  }
+}
+
+void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out) {
+  if (schedule.num_heavy == 0) return;
+  const int64_t width = out.size(1);
+  const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (width + 31) / 32 * 32)));
+  auto stream = at::cuda::getCurrentCUDAStream();
+  GNNIO_DISPATCH_FEATURES(out.scalar_type(), "gnnio::merge_partial_sums", [&] {
+    merge_partial_sums_kernel<scalar_t><<<schedule.num_heavy, threads, 0, stream>>>(
+        schedule, partials.data_ptr<float>(), width, out.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+at::Tensor segment_sum(const at::Tensor& indptr, const at::Tensor& indices, const std::optional<at::Tensor>& values,
+                       const at::Tensor& x, int64_t num_rows, const at::Tensor& tile_row,
+                       const at::Tensor& tile_start, const at::Tensor& heavy_rows, const at::Tensor& heavy_tile_ptr,
+                       int64_t tile_edges) {
+  const char* op = "gnnio::segment_sum";
+  check_features(op, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const RowSchedule schedule =
+      row_schedule(op, indptr, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  check_index_dtype(op, "indices", indices);
+  check_array(op, "indices", indices, x, indices.numel());
+  check_array(op, "indptr", indptr, x, num_rows + 1);
+  if (values.has_value()) {
+    GNNIO_CHECK(values->scalar_type() == at::kFloat, op, "values must be float32, got ", values->scalar_type());
+    check_array(op, "values", *values, x, indices.numel());
+  }
+  const int64_t width = x.size(1);
+  at::Tensor out = at::empty({num_rows, width}, x.options());
+  if (num_rows == 0 || width == 0) return out;
+  at::Tensor partials = at::empty({schedule.num_tiles, width}, x.options().dtype(at::kFloat));
+  auto stream = at::cuda::getCurrentCUDAStream();
+  GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
+    const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
+                            rows_vectorisable(out, width, vec_width<scalar_t>());
+    segment_sum_kernel<scalar_t><<<first_pass_blocks(schedule), kWarp * kWarpsPerBlock, 0, stream>>>(
+        schedule, index_view(indices), values.has_value() ? values->data_ptr<float>() : nullptr,
+        x.data_ptr<scalar_t>(), width, vectorised, out.data_ptr<scalar_t>(), partials.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  merge_partial_sums(schedule, partials, out);
+  return out;
+}
+
+// ------------------------------------------------------------------ cuSPARSE
+namespace {
+
+#define GNNIO_CUSPARSE_CHECK(op, call)                                                                  \
+  do {                                                                                                  \
+    const cusparseStatus_t status = (call);                                                             \
+    TORCH_CHECK(status == CUSPARSE_STATUS_SUCCESS, op, ": cuSPARSE call ", #call, " failed: ",          \
+                cusparseGetErrorString(status));                                                        \
+  } while (0)
+
+cudaDataType cuda_data_type(const char* op, at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return CUDA_R_32F;
+    case at::kHalf:
+      return CUDA_R_16F;
+    case at::kBFloat16:
+      return CUDA_R_16BF;
+    default:
+      TORCH_CHECK(false, op, ": features must be float32, float16 or bfloat16, got ", dtype);
+  }
+}
+
+// The descriptors of one out = A @ x call. They only wrap pointers (host
+// objects, no device work), so they are made per call; what costs time to
+// build, the workspace and the values, is cached by the caller.
+class SpmmCall {
+ public:
+  SpmmCall(const char* op, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& values,
+           const at::Tensor& x, int64_t num_rows, const at::Tensor& out)
+      : op_(op) {
+    check_features(op, "x", x);
+    check_index_dtype(op, "indices", indices);
+    GNNIO_CHECK(indptr.scalar_type() == indices.scalar_type(), op,
+                "indptr and indices must share one index dtype for cuSPARSE, got ", indptr.scalar_type(), " and ",
+                indices.scalar_type());
+    check_array(op, "indptr", indptr, x, num_rows + 1);
+    check_array(op, "indices", indices, x, indices.numel());
+    GNNIO_CHECK(values.scalar_type() == x.scalar_type(), op, "values must have x's dtype ", x.scalar_type(),
+                ", got ", values.scalar_type());
+    check_array(op, "values", values, x, indices.numel());
+    const cusparseIndexType_t index_type =
+        indices.scalar_type() == at::kLong ? CUSPARSE_INDEX_64I : CUSPARSE_INDEX_32I;
+    const cudaDataType value_type = cuda_data_type(op, x.scalar_type());
+    const int64_t width = x.size(1);
+    GNNIO_CUSPARSE_CHECK(op, cusparseCreateCsr(&a_, num_rows, x.size(0), indices.numel(), indptr.data_ptr(),
+                                               indices.data_ptr(), values.data_ptr(), index_type, index_type,
+                                               CUSPARSE_INDEX_BASE_ZERO, value_type));
+    GNNIO_CUSPARSE_CHECK(op, cusparseCreateDnMat(&b_, x.size(0), width, width, x.data_ptr(), value_type,
+                                                 CUSPARSE_ORDER_ROW));
+    GNNIO_CUSPARSE_CHECK(op, cusparseCreateDnMat(&c_, num_rows, width, width, out.data_ptr(), value_type,
+                                                 CUSPARSE_ORDER_ROW));
+  }
+  ~SpmmCall() {
+    if (c_ != nullptr) cusparseDestroyDnMat(c_);
+    if (b_ != nullptr) cusparseDestroyDnMat(b_);
+    if (a_ != nullptr) cusparseDestroySpMat(a_);
+  }
+  SpmmCall(const SpmmCall&) = delete;
+  SpmmCall& operator=(const SpmmCall&) = delete;
+
+  size_t buffer_size() {
+    size_t bytes = 0;
+    GNNIO_CUSPARSE_CHECK(op_, cusparseSpMM_bufferSize(at::cuda::getCurrentCUDASparseHandle(),
+                                                      CUSPARSE_OPERATION_NON_TRANSPOSE,
+                                                      CUSPARSE_OPERATION_NON_TRANSPOSE, &one_, a_, b_, &zero_, c_,
+                                                      CUDA_R_32F, kAlgorithm, &bytes));
+    return bytes;
+  }
+
+  void run(void* workspace) {
+    GNNIO_CUSPARSE_CHECK(op_, cusparseSpMM(at::cuda::getCurrentCUDASparseHandle(), CUSPARSE_OPERATION_NON_TRANSPOSE,
+                                           CUSPARSE_OPERATION_NON_TRANSPOSE, &one_, a_, b_, &zero_, c_, CUDA_R_32F,
+                                           kAlgorithm, workspace));
+  }
+
+ private:
+  // ALG2: row-major dense operands, bit-wise deterministic results.
+  static constexpr cusparseSpMMAlg_t kAlgorithm = CUSPARSE_SPMM_CSR_ALG2;
+  const char* op_;
+  const float one_ = 1.f;
+  const float zero_ = 0.f;
+  cusparseSpMatDescr_t a_ = nullptr;
+  cusparseDnMatDescr_t b_ = nullptr;
+  cusparseDnMatDescr_t c_ = nullptr;
+};
+
+}  // namespace
+
+int64_t cusparse_spmm_buffer_size(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& values,
+                                  const at::Tensor& x, int64_t num_rows) {
+  const char* op = "gnnio::cusparse_spmm_buffer_size";
+  check_features(op, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  if (num_rows == 0 || indices.numel() == 0 || x.size(1) == 0) return 0;
+  const at::Tensor out_shape = at::empty({num_rows, x.size(1)}, x.options());
+  SpmmCall call(op, indptr, indices, values, x, num_rows, out_shape);
+  return static_cast<int64_t>(call.buffer_size());
+}
+
+at::Tensor cusparse_spmm(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& values,
+                         const at::Tensor& x, int64_t num_rows, at::Tensor& workspace) {
+  const char* op = "gnnio::cusparse_spmm";
+  check_features(op, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  // cuSPARSE rejects empty operands; an empty product is all zeros.
+  if (num_rows == 0 || indices.numel() == 0 || x.size(1) == 0) return at::zeros({num_rows, x.size(1)}, x.options());
+  at::Tensor out = at::empty({num_rows, x.size(1)}, x.options());
+  SpmmCall call(op, indptr, indices, values, x, num_rows, out);
+  const size_t needed = call.buffer_size();
+  GNNIO_CHECK(workspace.is_cuda() && workspace.is_contiguous() && workspace.device() == x.device(), op,
+              "workspace must be a contiguous buffer on ", x.device(), ", got ", workspace.device());
+  GNNIO_CHECK(static_cast<size_t>(workspace.nbytes()) >= needed, op, "workspace holds ", workspace.nbytes(),
+              " bytes, cuSPARSE needs ", needed, "; size it with gnnio::cusparse_spmm_buffer_size");
+  call.run(needed > 0 ? workspace.data_ptr() : nullptr);
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
+  m.impl("segment_sum", &segment_sum);
+  m.impl("cusparse_spmm", &cusparse_spmm);
+  m.impl("cusparse_spmm_buffer_size", &cusparse_spmm_buffer_size);
+}
+
+}  // namespace gnnio
