@@ -100,49 +100,30 @@ class LocalityMetrics:
 
 
 @numba.njit(cache=True)
-def _gap_statistics(indptr, indices, new_to_old, old_to_new):
-    """(bandwidth, sum gap, sum log2(1+gap), gap counts [N]) over edges in the relabelled order."""
+def _walk(indptr, indices, num_sources, new_to_old, old_to_new, relabel, rows_per_entry, capacity):
+    """One pass over the access trace: (gap counts int64 [max gap + 1], LRU hits).
+
+    The trace visits targets in new id order and their CSR slots in order; with
+    `relabel` False the permutation arrays are not read. The LRU is exact: a
+    doubly linked list over cache entries in arrays (O(1) per access), its links
+    in the index dtype so the lists stay small enough to live in CPU caches.
+    """
     num_rows = indptr.shape[0] - 1
-    gap_counts = np.zeros(max(old_to_new.shape[0], num_rows) + 1, dtype=np.int64)
-    bandwidth = 0
-    gap_sum = 0.0
-    log_gap_sum = 0.0
-    for target in range(num_rows):
-        old_target = new_to_old[target]
-        for slot in range(indptr[old_target], indptr[old_target + 1]):
-            gap = abs(target - old_to_new[indices[slot]])
-            gap_counts[gap] += 1
-            if gap > bandwidth:
-                bandwidth = gap
-            gap_sum += gap
-            log_gap_sum += np.log2(1.0 + gap)
-    return bandwidth, gap_sum, log_gap_sum, gap_counts
-
-
-def _median_from_counts(counts: np.ndarray, total: int) -> float:
-    """Median of a multiset of integers given as counts per value (np.median's convention for even sizes)."""
-    cumulative = np.cumsum(counts)
-    low = int(np.searchsorted(cumulative, (total - 1) // 2, side="right"))
-    high = int(np.searchsorted(cumulative, total // 2, side="right"))
-    return (low + high) / 2.0
-
-
-@numba.njit(cache=True)
-def _lru_hits(indptr, indices, new_to_old, old_to_new, rows_per_entry, capacity):
-    """Hits of an exact LRU over cache entries (doubly linked list in arrays, O(1) per access)."""
-    num_rows = indptr.shape[0] - 1
-    num_entries = (old_to_new.shape[0] + rows_per_entry - 1) // rows_per_entry
-    newer = np.full(num_entries, -1, dtype=np.int64)  # towards the most recently used end
-    older = np.full(num_entries, -1, dtype=np.int64)
+    gap_counts = np.zeros(max(num_sources, num_rows) + 1, dtype=np.int64)
+    num_entries = (num_sources + rows_per_entry - 1) // rows_per_entry
+    newer = np.full(num_entries, -1, dtype=indices.dtype)  # towards the most recently used end
+    older = np.full(num_entries, -1, dtype=indices.dtype)
     cached = np.zeros(num_entries, dtype=np.bool_)
     most_recent = -1
     least_recent = -1
     size = 0
     hits = 0
     for target in range(num_rows):
-        old_target = new_to_old[target]
+        old_target = new_to_old[target] if relabel else target
         for slot in range(indptr[old_target], indptr[old_target + 1]):
-            entry = old_to_new[indices[slot]] // rows_per_entry
+            source = old_to_new[indices[slot]] if relabel else indices[slot]
+            gap_counts[abs(target - source)] += 1
+            entry = source // rows_per_entry
             if cached[entry]:
                 hits += 1
                 if entry == most_recent:
@@ -172,14 +153,19 @@ def _lru_hits(indptr, indices, new_to_old, old_to_new, rows_per_entry, capacity)
             most_recent = entry
             if least_recent == -1:
                 least_recent = entry
-    return hits
+    return gap_counts, hits
+
+
+def _median_from_counts(counts: np.ndarray, total: int) -> float:
+    """Median of a multiset of integers given as counts per value (np.median's convention for even sizes)."""
+    cumulative = np.cumsum(counts)
+    low = int(np.searchsorted(cumulative, (total - 1) // 2, side="right"))
+    high = int(np.searchsorted(cumulative, total // 2, side="right"))
+    return (low + high) / 2.0
 
 
 def _order_arrays(graph: Graph, new_to_old: Optional[np.ndarray]):
     n = graph.num_nodes
-    if new_to_old is None:
-        identity = np.arange(n, dtype=np.int64)
-        return identity, identity
     new_to_old = np.ascontiguousarray(new_to_old, dtype=np.int64)
     if new_to_old.shape != (n,):
         raise GnnioError(f"locality: permutation has {new_to_old.size} entries, graph has {n} nodes")
@@ -198,23 +184,25 @@ def locality(graph: Graph, new_to_old: Optional[np.ndarray] = None, cache: Cache
     if graph.is_bipartite and new_to_old is not None:
         raise GnnioError("locality: bipartite graphs cannot be relabelled with one permutation")
     graph = graph.to("cpu")
-    indptr = graph.csr_indptr.numpy()
-    indices = graph.csr_indices.numpy()
-    if graph.is_bipartite:
-        new_to_old = np.arange(graph.num_dst_nodes, dtype=np.int64)
-        old_to_new = np.arange(graph.num_src_nodes, dtype=np.int64)
-    else:
-        new_to_old, old_to_new = _order_arrays(graph, new_to_old)
     num_edges = graph.num_edges
     if num_edges == 0:
         return LocalityMetrics(0, 0.0, 0.0, 0.0, 0.0)
-    bandwidth, gap_sum, log_gap_sum, gap_counts = _gap_statistics(indptr, indices, new_to_old, old_to_new)
-    hits = _lru_hits(indptr, indices, new_to_old, old_to_new, cache.rows_per_entry, cache.capacity_entries)
+    relabel = new_to_old is not None
+    if relabel:
+        new_to_old, old_to_new = _order_arrays(graph, new_to_old)
+    else:
+        new_to_old = old_to_new = np.zeros(0, dtype=np.int64)
+    gap_counts, hits = _walk(
+        graph.csr_indptr.numpy(), graph.csr_indices.numpy(), graph.num_src_nodes, new_to_old, old_to_new, relabel,
+        cache.rows_per_entry, cache.capacity_entries,
+    )
+    gaps = np.flatnonzero(gap_counts)
+    counts = gap_counts[gaps]
     return LocalityMetrics(
-        bandwidth=int(bandwidth),
-        mean_gap=float(gap_sum / num_edges),
+        bandwidth=int(gaps[-1]),
+        mean_gap=float(counts @ gaps.astype(np.float64) / num_edges),
         median_gap=_median_from_counts(gap_counts, num_edges),
-        mean_log2_gap=float(log_gap_sum / num_edges),
+        mean_log2_gap=float(counts @ np.log2(1.0 + gaps) / num_edges),
         cache_hit_rate=float(hits / num_edges),
     )
 
