@@ -119,46 +119,137 @@ def expand_rows(indptr: np.ndarray, dtype=np.int64) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True, nogil=True)
-def _drop_repeats_in_rows(indptr, sorted_cols, kept_cols, kept_indptr):
-    """Within each row (cols ascending), keep the first of equal neighbours."""
-    write = 0
-    for row in range(indptr.shape[0] - 1):
-        kept_indptr[row] = write
-        start = indptr[row]
-        for slot in range(start, indptr[row + 1]):
-            if slot == start or sorted_cols[slot] != sorted_cols[slot - 1]:
-                kept_cols[write] = sorted_cols[slot]
-                write += 1
-    kept_indptr[indptr.shape[0] - 1] = write
-    return write
-
-
-def sort_pairs(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
-    """Stable order sorting edges by (dst, src): a two-pass LSD radix sort."""
-    _, by_src = compress(src, num_nodes)
-    _, by_dst = compress(dst[by_src], num_nodes)
-    return by_src[by_dst]
-
-
 def deduplicate(src: np.ndarray, dst: np.ndarray, num_nodes: int):
     """Drop repeated (src, dst) pairs.
 
-    src, dst: int [E], ids in [0, num_nodes). Returns (src, dst) int64 sorted
-    by (dst, src) with each pair once, and the number of removed edges. Two
-    counting sorts (by source, then stably by target) order the pairs without
-    materialising a permutation, then one pass drops repeats.
+    src, dst: int [E], ids in [0, num_nodes). Returns (src, dst) int64 grouped
+    by target (ascending), each pair once at its first occurrence, in input
+    order within a target; and the number of removed edges.
+    """
+    indptr, kept_src, removed = deduplicate_csr(src, dst, num_nodes)
+    return kept_src, expand_rows(indptr), removed
+
+
+def deduplicate_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int):
+    """Drop repeated (src, dst) pairs, returning the result as rows by target.
+
+    Returns (indptr int64 [num_nodes + 1], sources int64 [E']: each target's
+    distinct sources in order of first occurrence, number of removed edges).
+    One counting sort groups sources by target; a second pass keeps a
+    source only if it has not been seen in the current row (a per-chunk
+    `last row seen` table indexed by source, so no sorting is needed).
     """
     num_edges = src.shape[0]
-    by_src_indptr, _, dst_by_src = group_by(src, num_nodes, values=dst, value_dtype=np.int64, want_order=False)
-    src_by_src = expand_rows(by_src_indptr)
-    del by_src_indptr
-    by_dst_indptr, _, sorted_src = group_by(dst_by_src, num_nodes, values=src_by_src, want_order=False)
-    del dst_by_src, src_by_src
-    kept_src = np.empty(num_edges, dtype=np.int64)
-    kept_indptr = np.empty(num_nodes + 1, dtype=np.int64)
-    kept = _drop_repeats_in_rows(by_dst_indptr, sorted_src, kept_src, kept_indptr)
-    del sorted_src
-    if kept < num_edges:
-        kept_src = kept_src[:kept].copy()
-    return kept_src, expand_rows(kept_indptr), int(num_edges - kept)
+    indptr, _, sources = group_by(dst, num_nodes, values=src, value_dtype=np.int64, want_order=False)
+    row_bounds = _row_chunks(indptr, _num_chunks(num_edges, num_nodes))
+    seen_dtype = np.int32 if num_nodes <= np.iinfo(np.int32).max else np.int64
+    last_row_seen = np.full((row_bounds.shape[0] - 1, num_nodes), -1, dtype=seen_dtype)
+    row_lengths = np.empty(num_nodes, dtype=np.int64)
+    chunk_lengths = _drop_repeats_in_rows(indptr, sources, row_bounds, last_row_seen, row_lengths)
+    del last_row_seen
+    # Close the gaps the dropped repeats left at the end of each chunk.
+    position = 0
+    for chunk, length in enumerate(chunk_lengths.tolist()):
+        begin = int(indptr[row_bounds[chunk]])
+        if begin != position and length:
+            sources[position : position + length] = sources[begin : begin + length]
+        position += length
+    kept_indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(row_lengths, out=kept_indptr[1:])
+    if position < num_edges:
+        sources = sources[:position].copy()
+    return kept_indptr, sources, int(num_edges - position)
+
+
+@numba.njit(cache=True, parallel=True, nogil=True)
+def _drop_repeats_in_rows(indptr, values, row_bounds, last_row_seen, row_lengths):
+    """Within each row, keep the first occurrence of each value, compacting
+    each chunk of rows in place to the front of its slots. Returns the kept
+    length of every chunk; row_lengths[r] gets row r's kept length."""
+    num_chunks = row_bounds.shape[0] - 1
+    chunk_lengths = np.zeros(num_chunks, dtype=np.int64)
+    for chunk in numba.prange(num_chunks):
+        chunk_start = indptr[row_bounds[chunk]]
+        write = chunk_start
+        for row in range(row_bounds[chunk], row_bounds[chunk + 1]):
+            row_start = write
+            for slot in range(indptr[row], indptr[row + 1]):
+                value = values[slot]
+                if last_row_seen[chunk, value] != row:
+                    last_row_seen[chunk, value] = row
+                    values[write] = value
+                    write += 1
+            row_lengths[row] = write - row_start
+        chunk_lengths[chunk] = write - chunk_start
+    return chunk_lengths
+
+
+def _row_chunks(indptr: np.ndarray, num_chunks: int) -> np.ndarray:
+    """Row boundaries cutting the rows into `num_chunks` runs of about equal slot counts."""
+    num_rows = indptr.shape[0] - 1
+    slot_bounds = np.linspace(0, int(indptr[-1]), num_chunks + 1).astype(np.int64)
+    row_bounds = np.searchsorted(indptr, slot_bounds, side="left").clip(0, num_rows)
+    row_bounds[0], row_bounds[-1] = 0, num_rows
+    return np.maximum.accumulate(row_bounds)
+
+
+@numba.njit(cache=True, parallel=True, nogil=True)
+def _transpose(indptr, indices, num_cols, row_bounds, t_indices, t_eid):
+    """Counting sort of CSR slots by column, chunked by rows (see _group)."""
+    num_chunks = row_bounds.shape[0] - 1
+    histograms = np.zeros((num_chunks, num_cols), dtype=np.int64)
+    for chunk in numba.prange(num_chunks):
+        for slot in range(indptr[row_bounds[chunk]], indptr[row_bounds[chunk + 1]]):
+            histograms[chunk, indices[slot]] += 1
+    t_indptr = np.empty(num_cols + 1, dtype=np.int64)
+    running = 0
+    for col in range(num_cols):
+        t_indptr[col] = running
+        for chunk in range(num_chunks):
+            count = histograms[chunk, col]
+            histograms[chunk, col] = running
+            running += count
+    t_indptr[num_cols] = running
+    for chunk in numba.prange(num_chunks):
+        for row in range(row_bounds[chunk], row_bounds[chunk + 1]):
+            for slot in range(indptr[row], indptr[row + 1]):
+                col = indices[slot]
+                target = histograms[chunk, col]
+                histograms[chunk, col] = target + 1
+                t_indices[target] = row
+                t_eid[target] = slot
+    return t_indptr
+
+
+def transpose(indptr: np.ndarray, indices: np.ndarray, num_cols: int, index_dtype=np.int64):
+    """The transpose of a compressed structure, with slot ids.
+
+    indptr int64 [R + 1], indices int [E] (columns in [0, num_cols)).
+    Returns (t_indptr int64 [num_cols + 1], t_indices [E] of `index_dtype`:
+    the row of each transposed slot, t_eid int64 [E]: the slot it came from).
+    Stable: within a transposed row, rows (and slots) ascend.
+    """
+    row_bounds = _row_chunks(indptr, _num_chunks(indices.shape[0], num_cols))
+    t_indices = np.empty(indices.shape[0], dtype=index_dtype)
+    t_eid = np.empty(indices.shape[0], dtype=np.int64)
+    t_indptr = _transpose(indptr, indices, int(num_cols), row_bounds, t_indices, t_eid)
+    return t_indptr, t_indices, t_eid
+
+
+@numba.njit(cache=True, nogil=True)
+def _drop_self_loops(src, dst):
+    kept = 0
+    for i in range(src.shape[0]):
+        if src[i] != dst[i]:
+            src[kept] = src[i]
+            dst[kept] = dst[i]
+            kept += 1
+    return kept
+
+
+def drop_self_loops(src: np.ndarray, dst: np.ndarray) -> int:
+    """Move the edges with src != dst to the front, in order, in place.
+
+    Returns how many there are: src[:kept], dst[:kept] is the loop-free list.
+    """
+    return int(_drop_self_loops(src, dst))
