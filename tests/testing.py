@@ -136,3 +136,14 @@ def assert_within_torch_error(actual: torch.Tensor, oracle: torch.Tensor, torch_
     allowed = 2 * relative_error(torch_result, oracle) + 1e-3
     error = relative_error(actual, oracle)
     assert error <= allowed, f"relative error {error:.3g} exceeds 2x PyTorch's {allowed:.3g}"
+
+
+def poison_cuda_cache(nbytes: int) -> None:
+    """Fill `nbytes` of freshly allocated CUDA memory with NaN and free it.
+
+    The caching allocator hands the same block to the next allocation of a
+    similar size, so an op that leaves part of its output unwritten shows NaN
+    there instead of a lucky zero.
+    """
+    poison = torch.full((max(nbytes, 4) // 4 + 1,), float("nan"), dtype=torch.float32, device="cuda")
+    del poison

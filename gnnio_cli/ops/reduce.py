@@ -16,7 +16,7 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
-from gnnio_cli.ops import dispatch
+from gnnio_cli.ops import dispatch, reduce_native
 from gnnio_cli.ops.segment import (
     accumulation_dtype,
     check_node_features,
@@ -44,8 +44,8 @@ def aggregate(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:
     check_node_features(op, "x", x, graph, graph.num_src_nodes)
 
     backend = dispatch.pick(op, x)
-    if backend == "native":
-        pass  # issue 3: return the native reduction's result here (it records its own implementation name).
+    if backend == "native" and reduce_native.supports(x):
+        return reduce_native.aggregate(graph, x, reduce)
     dispatch.record(op, "reference")
     return aggregate_reference(graph, x, reduce)
 

@@ -19,7 +19,7 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
-from gnnio_cli.ops import dispatch
+from gnnio_cli.ops import dispatch, spmm_native
 from gnnio_cli.ops.segment import (
     accumulation_dtype,
     check_node_features,
@@ -53,8 +53,8 @@ def spmm(graph: Graph, x: torch.Tensor, edge_weight: Optional[torch.Tensor] = No
         check_tensor(op, "edge_weight", edge_weight, graph, "[E]", (graph.num_edges,))
 
     backend = dispatch.pick(op, x, edge_weight)
-    if backend == "native":
-        pass  # issue 3: return the native SpMM's result here (it records its own implementation name).
+    if backend == "native" and spmm_native.supports(x, edge_weight):
+        return spmm_native.spmm(graph, x, edge_weight, reduce)
     dispatch.record(op, "reference")
     return spmm_reference(graph, x, edge_weight, reduce)
 
@@ -138,8 +138,8 @@ def gcn_propagate(
         check_tensor(op, "edge_weight", edge_weight, graph, "[E]", (graph.num_edges,))
 
     backend = dispatch.pick(op, x, edge_weight)
-    if backend == "native":
-        pass  # issue 3: return the native GCN propagation here (it records its own implementation name).
+    if backend == "native" and spmm_native.supports(x, edge_weight):
+        return spmm_native.gcn_propagate(graph, x, edge_weight, improved, add_self_loops, normalize)
     dispatch.record(op, "reference")
     if not normalize:
         return spmm_reference(graph, x, edge_weight, "sum")

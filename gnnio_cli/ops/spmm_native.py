@@ -1,0 +1,238 @@
+"""The native path of the SpMM family (spmm, sum/mean aggregation, GCN propagation).
+
+Each op here is ``out = A @ x`` for a sparse operator A over the graph's CSR
+(row = target), with fp32 values per slot (edge weights, GCN normalisation,
+1/in-degree for mean) or none at all (plain sum). The backward pass is
+``grad_x = A^T @ grad_out``, run through the CSC (row = source) with the same
+values permuted to CSC slot order: as cheap as the forward, no atomics, no
+transpose flag.
+
+Two kernels compute ``A @ x`` (native/spmm.cu):
+
+- ``csr-vec``: gnnio's degree-aware CSR kernel (128-bit loads, a warp per
+  light row, heavy rows in tiles merged in order), any dtype;
+- ``cusparse``: cuSPARSE SpMM with fp32 compute, its values and work buffer
+  cached per (dtype, width).
+
+Which one runs is chosen once per (operator side, dtype, width): 16-bit
+features take ``csr-vec`` (cuSPARSE gains little from halving the bytes); for
+fp32 both are timed on the first call and the faster kept. ``GNNIO_SPMM_KERNEL``
+(``csr-vec`` or ``cusparse``) forces one. The choice is recorded with
+:func:`dispatch.record`, so ``gnnio run`` and ``compare`` show it.
+
+Operators without per-call edge weights are cached on the Graph; results are
+deterministic for a given choice of kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph import Graph
+from gnnio_cli.ops import dispatch
+from gnnio_cli.ops.attention_native import RowSchedule, row_schedule
+
+NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+KERNELS = ("csr-vec", "cusparse")
+# Calls timed per kernel when choosing for fp32 (after one warm-up call each).
+TUNING_CALLS = 3
+
+
+def supports(x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None) -> bool:
+    """Whether the native kernels take these inputs: CUDA, fp32/fp16/bf16, and no gradient wanted for edge_weight."""
+    if not (x.is_cuda and x.dtype in NATIVE_DTYPES):
+        return False
+    return edge_weight is None or (edge_weight.is_cuda and not edge_weight.requires_grad)
+
+
+# ------------------------------------------------------------ operators
+@dataclass
+class _CusparseForm:
+    """What cuSPARSE needs for one side in one dtype: one index dtype for indptr and indices, typed values."""
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    values: torch.Tensor
+    workspaces: dict = field(default_factory=dict)  # width -> uint8 buffer
+
+
+@dataclass
+class OperatorSide:
+    """One direction of a sparse operator: rows, their slots and fp32 values (None = all ones)."""
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    values: Optional[torch.Tensor]
+    num_rows: int
+    schedule: RowSchedule
+    chosen: dict = field(default_factory=dict)  # (dtype, width) -> kernel name
+    cusparse_forms: dict = field(default_factory=dict)  # dtype -> _CusparseForm
+
+    def apply(self, x: torch.Tensor, op: str) -> torch.Tensor:
+        """[num_cols, F] contiguous -> [num_rows, F]: the side's rows times x."""
+        kernel = self._kernel(x)
+        dispatch.record(op, kernel)
+        return self._run(kernel, x)
+
+    def _run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
+        if kernel == "cusparse":
+            form = self._cusparse_form(x.dtype)
+            workspace = self._workspace(form, x)
+            return torch.ops.gnnio.cusparse_spmm(form.indptr, form.indices, form.values, x, self.num_rows, workspace)
+        return torch.ops.gnnio.segment_sum(
+            self.indptr, self.indices, self.values, x, self.num_rows, *self.schedule.args()
+        )
+
+    def _kernel(self, x: torch.Tensor) -> str:
+        forced = os.environ.get("GNNIO_SPMM_KERNEL")
+        if forced:
+            if forced not in KERNELS:
+                raise GnnioError(f"GNNIO_SPMM_KERNEL must be one of {', '.join(KERNELS)}, got '{forced}'")
+            return forced
+        key = (x.dtype, x.shape[1])
+        if key not in self.chosen:
+            if x.dtype != torch.float32 or torch.cuda.is_current_stream_capturing():
+                return "csr-vec"
+            self.chosen[key] = self._fastest(x)
+        return self.chosen[key]
+
+    def _fastest(self, x: torch.Tensor) -> str:
+        """Time both kernels on this input (CUDA events) and return the faster one's name."""
+        timings = {}
+        for kernel in KERNELS:
+            self._run(kernel, x)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(TUNING_CALLS):
+                self._run(kernel, x)
+            end.record()
+            end.synchronize()
+            timings[kernel] = start.elapsed_time(end)
+        return min(timings, key=timings.get)
+
+    def _cusparse_form(self, dtype: torch.dtype) -> _CusparseForm:
+        if dtype not in self.cusparse_forms:
+            num_slots = self.indices.numel()
+            if self.indices.dtype == torch.int32 and num_slots < 2**31:
+                indptr, indices = self.indptr.to(torch.int32), self.indices
+            else:
+                indptr, indices = self.indptr, self.indices.to(torch.int64)
+            values = (
+                self.values.to(dtype)
+                if self.values is not None
+                else torch.ones(num_slots, dtype=dtype, device=self.indices.device)
+            )
+            self.cusparse_forms[dtype] = _CusparseForm(indptr, indices, values)
+        return self.cusparse_forms[dtype]
+
+    def _workspace(self, form: _CusparseForm, x: torch.Tensor) -> torch.Tensor:
+        width = x.shape[1]
+        if width not in form.workspaces:
+            size = torch.ops.gnnio.cusparse_spmm_buffer_size(form.indptr, form.indices, form.values, x, self.num_rows)
+            form.workspaces[width] = torch.empty(max(int(size), 1), dtype=torch.uint8, device=x.device)
+        return form.workspaces[width]
+
+
+@dataclass
+class SpmmOperator:
+    """A sparse operator A over a graph: ``forward`` (CSR) computes A @ x, ``backward`` (CSC) A^T @ g."""
+
+    forward: OperatorSide
+    backward: OperatorSide
+
+
+def build_operator(graph: Graph, edge_values: Optional[torch.Tensor], target_scale: Optional[torch.Tensor]) -> SpmmOperator:
+    """The operator whose slot value for edge e = (s, t) is edge_values[e] * target_scale[t].
+
+    edge_values:  fp32 [E] in the graph's eid order, or None for ones.
+    target_scale: fp32 [num_dst], or None for ones.
+    Both None gives value-free kernels (a plain sum reads no values).
+    """
+    csr_values = csc_values = None
+    if edge_values is not None or target_scale is not None:
+        ones = torch.ones(graph.num_edges, dtype=torch.float32, device=graph.device)
+        by_eid = ones if edge_values is None else edge_values.to(torch.float32)
+        csr_values = by_eid.index_select(0, graph.csr_eid)
+        csc_values = by_eid.index_select(0, graph.csc_eid)
+        if target_scale is not None:
+            csr_values = csr_values * target_scale.index_select(0, graph.csr_rows)
+            csc_values = csc_values * target_scale.index_select(0, graph.csc_indices.long())
+    forward = OperatorSide(
+        graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, row_schedule(graph, "csr")
+    )
+    backward = OperatorSide(
+        graph.csc_indptr, graph.csc_indices, csc_values, graph.num_src_nodes, row_schedule(graph, "csc")
+    )
+    return SpmmOperator(forward, backward)
+
+
+def _inverse_in_degree(graph: Graph) -> torch.Tensor:
+    """fp32 [num_dst]: 1 / in-degree, 1 for empty rows (whose sums are 0 anyway)."""
+    return 1.0 / graph.in_degree.clamp(min=1).to(torch.float32)
+
+
+def _operator(graph: Graph, edge_weight: Optional[torch.Tensor], reduce: str) -> SpmmOperator:
+    def scale() -> Optional[torch.Tensor]:
+        return _inverse_in_degree(graph) if reduce == "mean" else None
+
+    if edge_weight is not None:
+        return build_operator(graph, edge_weight.detach(), scale())
+    return graph.cached(("spmm_operator", reduce), lambda: build_operator(graph, None, scale()))
+
+
+# ------------------------------------------------------------ autograd
+class _Spmm(torch.autograd.Function):
+    """out = A @ x; grad_x = A^T @ grad_out through the CSC."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, operator: SpmmOperator, op: str) -> torch.Tensor:
+        ctx.operator, ctx.op = operator, op
+        return operator.forward.apply(x, op)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        return ctx.operator.backward.apply(grad_out.contiguous(), ctx.op + ".backward"), None, None
+
+
+def apply_operator(operator: SpmmOperator, x: torch.Tensor, op: str) -> torch.Tensor:
+    """A @ x for x [num_src, *trailing] (trailing dims flattened and restored), differentiable in x."""
+    features = x.reshape(x.shape[0], -1).contiguous()
+    out = _Spmm.apply(features, operator, op)
+    return out.reshape(operator.forward.num_rows, *x.shape[1:])
+
+
+# ------------------------------------------------------------ public ops
+def spmm(graph: Graph, x: torch.Tensor, edge_weight: Optional[torch.Tensor], reduce: str, op: str = "spmm") -> torch.Tensor:
+    """Native :func:`gnnio_cli.ops.spmm.spmm` (inputs validated there, :func:`supports` true)."""
+    return apply_operator(_operator(graph, edge_weight, reduce), x, op)
+
+
+def gcn_propagate(
+    graph: Graph,
+    x: torch.Tensor,
+    edge_weight: Optional[torch.Tensor],
+    improved: bool,
+    add_self_loops: bool,
+    normalize: bool,
+) -> torch.Tensor:
+    """Native :func:`gnnio_cli.ops.spmm.gcn_propagate`: the reference gcn_norm values (computed once
+    in fp32 and cached when there are no edge weights), then one SpMM."""
+    from gnnio_cli.ops.spmm import gcn_norm
+
+    op = "gcn_propagate"
+    if not normalize:
+        return spmm(graph, x, edge_weight, "sum", op)
+    looped, values = gcn_norm(
+        graph, edge_weight, improved=improved, add_self_loops=add_self_loops, dtype=torch.float32
+    )
+    if edge_weight is not None:
+        return apply_operator(build_operator(looped, values.detach(), None), x, op)
+    operator = looped.cached(
+        ("gcn_operator", improved, add_self_loops), lambda: build_operator(looped, values, None)
+    )
+    return apply_operator(operator, x, op)

@@ -1,0 +1,229 @@
+"""The native SpMM family (native/spmm.cu: gnnio's CSR kernel and cuSPARSE) against the fp64 reference.
+
+Every case runs the public op with the native backend on the input's dtype
+and with the reference backend on the same values in fp64 (the oracle), for
+the output and the gradient of x. Both kernels are forced in turn through
+GNNIO_SPMM_KERNEL. Outputs land in memory poisoned with NaN, so a slot the
+kernel forgets shows. 16-bit results stay within 2x the error of PyTorch at
+the same precision. GPU only: skipped unless CUDA is visible and the native
+extension builds.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from gnnio_cli.graph import Graph
+from gnnio_cli.ops import dispatch, gcn_propagate, spmm
+from gnnio_cli.ops.attention_native import row_schedule
+from testing import (
+    DTYPES,
+    assert_within_torch_error,
+    poison_cuda_cache,
+    random_graph,
+    randn,
+    relative_error,
+    with_index_dtype,
+)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+WIDTHS = (1, 3, 32, 33, 128, 130, 256)
+KERNELS = ("csr-vec", "cusparse")
+# fp32 against fp64, relative to the largest magnitude: sums over a 100k-edge hub row.
+FP32_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native_extension():
+    from gnnio_cli import native
+
+    try:
+        native.load()
+    except Exception as error:  # the reason is the skip message
+        pytest.skip(f"native extension unavailable: {error}")
+
+
+@functools.lru_cache(maxsize=None)
+def graph_named(name: str) -> Graph:
+    """Graphs with empty rows, an isolated node, self-loops and duplicates; 'hub' adds a 100k in-degree target."""
+    if name == "small":
+        graph = random_graph(300, 3000, seed=1)
+    elif name == "small-int64":
+        graph = with_index_dtype(random_graph(300, 3000, seed=1), torch.int64)
+    elif name == "hub":
+        graph = random_graph(2000, 20000, hub_degree=100_000, seed=2)
+    elif name == "bipartite":
+        graph = random_graph(200, 2000, num_dst_nodes=150, seed=3)
+    else:
+        raise KeyError(name)
+    return graph.to("cuda")
+
+
+def check(native: torch.Tensor, oracle: torch.Tensor, torch_result: torch.Tensor) -> None:
+    assert not torch.isnan(native).any(), "an output element was never written (poisoned NaN left)"
+    if native.dtype == torch.float32:
+        error = relative_error(native, oracle)
+        assert error <= FP32_TOLERANCE, f"relative error {error:.3g}"
+    else:
+        assert_within_torch_error(native, oracle, torch_result)
+
+
+def run_both(fn, x: torch.Tensor, grad_out_seed: int):
+    """(native out, native grad) and the fp64 oracle's, plus the reference at x's dtype, for fn(x)."""
+    x_native = x.detach().clone().requires_grad_()
+    with dispatch.use_backend("native"):
+        # A first pass builds the graph's cached structures, so the poisoned
+        # blocks go to the outputs of the second.
+        warm_up = fn(x_native)
+        grad_out = randn(
+            *warm_up.shape, dtype=warm_up.dtype, device="cuda", generator=torch.Generator().manual_seed(grad_out_seed)
+        )
+        warm_up.backward(grad_out)
+        x_native.grad = None
+        poison_cuda_cache(2 * grad_out.numel() * grad_out.element_size())
+        out = fn(x_native)
+    poison_cuda_cache(2 * x.numel() * x.element_size())
+    out.backward(grad_out)
+
+    x_oracle = x.detach().double().requires_grad_()
+    with dispatch.use_backend("reference"):
+        oracle = fn(x_oracle)
+        oracle.backward(grad_out.double())
+        x_torch = x.detach().clone().requires_grad_()
+        torch_out = fn(x_torch)
+        torch_out.backward(grad_out)
+    return (out, x_native.grad), (oracle, x_oracle.grad), (torch_out, x_torch.grad)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("graph_name", ["small", "small-int64", "hub", "bipartite"])
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduce, weighted", [("sum", False), ("mean", True)])
+def test_spmm_matches_reference(monkeypatch, kernel, graph_name, width, dtype, reduce, weighted):
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
+    graph = graph_named(graph_name)
+    gen = torch.Generator().manual_seed(width)
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
+    weight = randn(graph.num_edges, device="cuda", generator=gen) if weighted else None
+
+    def fn(features):
+        w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
+        return spmm(graph, features, w, reduce)
+
+    dispatch.reset()
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad) = run_both(fn, x, grad_out_seed=width + 1)
+    assert dispatch.ran()["spmm"] == kernel
+    assert out.dtype == dtype and out.shape == (graph.num_dst_nodes, width)
+    check(out, oracle, torch_out)
+    check(grad, oracle_grad, torch_grad)
+
+
+@pytest.mark.parametrize("graph_name", ["small", "hub"])
+@pytest.mark.parametrize("width", (1, 33, 128))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weighted, improved", [(False, False), (True, False), (True, True)])
+def test_gcn_propagate_matches_reference(graph_name, width, dtype, weighted, improved):
+    graph = graph_named(graph_name)
+    gen = torch.Generator().manual_seed(10 + width)
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
+    weight = randn(graph.num_edges, device="cuda", generator=gen).abs() + 0.1 if weighted else None
+
+    def fn(features):
+        w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
+        return gcn_propagate(graph, features, w, improved=improved)
+
+    dispatch.reset()
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad) = run_both(fn, x, grad_out_seed=width)
+    assert dispatch.ran()["gcn_propagate"] in KERNELS
+    check(out, oracle, torch_out)
+    check(grad, oracle_grad, torch_grad)
+
+
+def test_fp32_kernel_choice_is_recorded_and_kept():
+    graph = graph_named("small")
+    x = randn(graph.num_src_nodes, 64, device="cuda", generator=torch.Generator().manual_seed(5))
+    dispatch.reset()
+    with dispatch.use_backend("native"):
+        first = spmm(graph, x)
+        chosen = dispatch.ran()["spmm"]
+        second = spmm(graph, x)
+    assert chosen in KERNELS and dispatch.ran()["spmm"] == chosen
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_csr_kernel_is_deterministic_on_a_hub(monkeypatch, dtype):
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", "csr-vec")
+    graph = graph_named("hub")
+    x = randn(graph.num_src_nodes, 128, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(6))
+    with dispatch.use_backend("native"):
+        results = [spmm(graph, x, reduce="mean") for _ in range(3)]
+    assert all(torch.equal(results[0], other) for other in results[1:])
+
+
+def test_hub_is_split_into_tiles():
+    schedule = row_schedule(graph_named("hub"), "csr")
+    assert schedule.heavy_rows.numel() >= 1 and schedule.tile_row.numel() > 1
+
+
+def test_trailing_dims_and_non_contiguous_input():
+    graph = graph_named("small")
+    full = randn(graph.num_src_nodes, 4, 66, device="cuda", generator=torch.Generator().manual_seed(7))
+    x = full[:, :, ::2]
+    with dispatch.use_backend("native"):
+        out = spmm(graph, x)
+    with dispatch.use_backend("reference"):
+        expected = spmm(graph, x.double())
+    assert out.shape == (graph.num_dst_nodes, 4, 33)
+    assert relative_error(out, expected) <= FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_graph_without_edges_gives_zeros(monkeypatch, kernel):
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
+    graph = Graph.from_edge_index(torch.empty(2, 0, dtype=torch.int64), num_nodes=5).to("cuda")
+    x = randn(5, 8, device="cuda", generator=torch.Generator().manual_seed(8)).requires_grad_()
+    with dispatch.use_backend("native"):
+        out = spmm(graph, x, reduce="mean")
+    out.sum().backward()
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(x.grad, torch.zeros_like(x))
+
+
+def test_op_checks_name_the_argument():
+    graph = graph_named("small")
+    schedule = row_schedule(graph, "csr")
+    x = randn(graph.num_src_nodes, 8)
+    with pytest.raises(RuntimeError, match="gnnio::segment_sum: x must be a CUDA tensor"):
+        torch.ops.gnnio.segment_sum(
+            graph.csr_indptr, graph.csr_indices, None, x, graph.num_dst_nodes, *schedule.args()
+        )
+    with pytest.raises(RuntimeError, match="gnnio::segment_sum: values must be float32"):
+        torch.ops.gnnio.segment_sum(
+            graph.csr_indptr, graph.csr_indices, torch.ones(graph.num_edges, dtype=torch.float16, device="cuda"),
+            x.cuda(), graph.num_dst_nodes, *schedule.args(),
+        )
+
+
+def test_opcheck_segment_sum_and_cusparse():
+    graph = graph_named("small")
+    schedule = row_schedule(graph, "csr")
+    x = randn(graph.num_src_nodes, 16, device="cuda", generator=torch.Generator().manual_seed(9))
+    values = randn(graph.num_edges, device="cuda", generator=torch.Generator().manual_seed(10))
+    torch.library.opcheck(
+        torch.ops.gnnio.segment_sum.default,
+        (graph.csr_indptr, graph.csr_indices, values, x, graph.num_dst_nodes, *schedule.args()),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    indptr = graph.csr_indptr.to(torch.int32)
+    size = torch.ops.gnnio.cusparse_spmm_buffer_size(indptr, graph.csr_indices, values, x, graph.num_dst_nodes)
+    workspace = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")
+    torch.library.opcheck(
+        torch.ops.gnnio.cusparse_spmm.default,
+        (indptr, graph.csr_indices, values, x, graph.num_dst_nodes, workspace),
+        test_utils=("test_faketensor",),
+    )
