@@ -13,7 +13,7 @@ from gnnio_cli.cli import cli
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.generate import standard_graph
 from gnnio_cli.graph.locality import CacheModel, locality, random_order
-from gnnio_cli.graph.profile import degree_profile, shared_memory_row_limit
+from gnnio_cli.graph.profile import degree_profile, shared_memory_row_limit, undirected_degree
 from gnnio_cli.graph.store import StoredGraph, save
 from tests.testing import edge_list, random_graph
 
@@ -54,21 +54,29 @@ def tiny_cache(entries: int, features: int = 32) -> CacheModel:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_degree_stats_match_numpy(seed):
-    graph = random_graph(300, 2000, hub_degree=500, seed=seed)
+    graph = random_graph(250, 2000, hub_degree=500, seed=seed)
     profile = degree_profile(graph)
     edges = np.array(edge_list(graph))
-    in_degree = np.bincount(edges[:, 1], minlength=300)
-    out_degree = np.bincount(edges[:, 0], minlength=300)
+    in_degree = np.bincount(edges[:, 1], minlength=250)
+    out_degree = np.bincount(edges[:, 0], minlength=250)
     for stats, degree in ((profile.in_degree, in_degree), (profile.out_degree, out_degree)):
         assert stats.min == degree.min() and stats.max == degree.max()
         assert stats.mean == pytest.approx(degree.mean())
         assert stats.median == pytest.approx(np.median(degree))
         assert stats.p90 == pytest.approx(np.percentile(degree, 90))
         assert stats.p99 == pytest.approx(np.percentile(degree, 99))
-        top3 = sorted(degree.tolist(), reverse=True)[:3]  # 1% of 300 nodes
-        assert stats.top1pct_edge_share == pytest.approx(sum(top3) / degree.sum())
+        top = sorted(degree.tolist(), reverse=True)[:2]  # floor(1% of 250 nodes)
+        assert stats.top1pct_edge_share == pytest.approx(sum(top) / degree.sum())
+    neighbours = [set() for _ in range(250)]
+    for s, t in edges.tolist():
+        if s != t:
+            neighbours[s].add(t)
+            neighbours[t].add(s)
+    undirected = np.array([len(n) for n in neighbours])
+    assert np.array_equal(undirected_degree(graph), undirected)
+    assert profile.undirected_degree.max == undirected.max() and profile.undirected_degree.median == np.median(undirected)
     touched = set(edges.ravel().tolist())
-    assert profile.isolated_nodes == sum(1 for v in range(300) if v not in touched) >= 1
+    assert profile.isolated_nodes == sum(1 for v in range(250) if v not in touched) >= 1
     assert profile.num_edges == len(edges)
 
 
@@ -165,7 +173,7 @@ def test_cli_json(graph_file):
 def test_cli_tables(graph_file):
     result = invoke("profile-degree", graph_file)
     assert result.exit_code == 0, result.output
-    for heading in ("Degrees", "Degree histogram", "schedule thresholds", "Locality", "random", "seed 0", "█"):
+    for heading in ("Degrees", "undirected", "Degree histogram", "schedule thresholds", "Locality", "random", "seed 0", "█"):
         assert heading in result.output
 
 

@@ -129,8 +129,10 @@ def command(graph_path, features, dtype, l2_mb, seed, plot_path, as_json):
     ]))
     stats = [("min", "min"), ("median", "median"), ("mean", "mean"), ("p90", "p90"), ("p99", "p99"), ("max", "max"),
              ("edge share of top 1% nodes", "top1pct_edge_share")]
-    stdout.print(table("Degrees", ["", "in", "out"],
-                       [[label, getattr(profile.in_degree, key), getattr(profile.out_degree, key)] for label, key in stats]))
+    sides = [profile.in_degree, profile.out_degree] + ([profile.undirected_degree] if profile.undirected_degree else [])
+    stdout.print(table("Degrees", ["", "in", "out", "undirected"][: len(sides) + 1],
+                       [[label] + [getattr(side, key) for side in sides] for label, key in stats],
+                       caption="undirected: distinct neighbours over both directions, self-loops not counted"))
     stdout.print(histogram_table(profile.histogram))
     schedule = profile.schedule
     stdout.print(table(f"Rows (targets) over the kernels' schedule thresholds at {features} x {dtype}", ["threshold", "rows"], [

@@ -17,7 +17,9 @@ Schedule thresholds (rows = targets, length = in-degree):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
+import numba
 import numpy as np
 
 from gnnio_cli.graph.graph import Graph
@@ -49,8 +51,8 @@ def schedule_thresholds(features: int, dtype: str) -> list[int]:
 class DegreeStats:
     """Summary of one degree array (percentiles with linear interpolation, as numpy's).
 
-    top1pct_edge_share: fraction of all edges incident (on this side) to the
-    1% of nodes with the largest degrees (at least one node).
+    top1pct_edge_share: the degrees of the floor(N / 100) nodes of largest
+    degree (at least one node) over the sum of all degrees.
     """
 
     min: int
@@ -89,14 +91,43 @@ class ScheduleCounts:
 
 @dataclass
 class DegreeProfile:
+    """undirected_degree: degrees of the symmetrised simple graph (each neighbour counted once
+    whatever the direction, self-loops dropped); None for bipartite graphs."""
+
     num_nodes: int
     num_edges: int
     isolated_nodes: int
     in_degree: DegreeStats
     out_degree: DegreeStats
+    undirected_degree: Optional[DegreeStats]
     histogram: DegreeHistogram
     schedule: ScheduleCounts
     locality: LocalityMetrics
+
+
+@numba.njit(cache=True)
+def _undirected_degree(csr_indptr, csr_indices, csc_indptr, csc_indices):
+    n = csr_indptr.shape[0] - 1
+    last_seen_by = np.full(n, -1, dtype=np.int64)
+    degree = np.zeros(n, dtype=np.int64)
+    for u in range(n):
+        for side in range(2):
+            indptr_side = csr_indptr if side == 0 else csc_indptr
+            indices_side = csr_indices if side == 0 else csc_indices
+            for k in range(indptr_side[u], indptr_side[u + 1]):
+                v = indices_side[k]
+                if v != u and last_seen_by[v] != u:
+                    last_seen_by[v] = u
+                    degree[u] += 1
+    return degree
+
+
+def undirected_degree(graph: Graph) -> np.ndarray:
+    """int64 [N]: distinct neighbours of each node over in- and out-edges, self-loops not counted."""
+    graph = graph.to("cpu")
+    return _undirected_degree(
+        graph.csr_indptr.numpy(), graph.csr_indices.numpy(), graph.csc_indptr.numpy(), graph.csc_indices.numpy()
+    )
 
 
 def degree_stats(degree: np.ndarray) -> DegreeStats:
@@ -105,7 +136,7 @@ def degree_stats(degree: np.ndarray) -> DegreeStats:
         return DegreeStats(0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
     median, p90, p99 = np.percentile(degree, [50, 90, 99])
     total = int(degree.sum())
-    top = max(1, int(np.ceil(TOP_SHARE_FRACTION * degree.size)))
+    top = max(1, int(TOP_SHARE_FRACTION * degree.size))
     top_sum = int(np.partition(degree, degree.size - top)[degree.size - top :].sum())
     return DegreeStats(
         min=int(degree.min()),
@@ -166,6 +197,7 @@ def degree_profile(graph: Graph, cache: CacheModel = CacheModel()) -> DegreeProf
         isolated_nodes=int(np.count_nonzero((padded_in == 0) & (padded_out == 0))),
         in_degree=degree_stats(in_degree),
         out_degree=degree_stats(out_degree),
+        undirected_degree=None if graph.is_bipartite else degree_stats(undirected_degree(graph)),
         histogram=degree_histogram(in_degree, out_degree),
         schedule=schedule_counts(in_degree, cache.features, cache.dtype),
         locality=locality(graph, cache=cache),

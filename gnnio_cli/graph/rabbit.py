@@ -32,25 +32,23 @@ import numba
 import numpy as np
 
 from gnnio_cli.graph.graph import Graph
+from gnnio_cli.graph.profile import undirected_degree
 
 
 @numba.njit(cache=True)
-def _symmetric_adjacency(csr_indptr, csr_indices, csc_indptr, csc_indices):
-    """Undirected simple adjacency (in- and out-neighbours merged, self-loops dropped).
+def _symmetric_adjacency(csr_indptr, csr_indices, csc_indptr, csc_indices, indptr):
+    """Fill the undirected simple adjacency whose row pointers `indptr` [N+1] are known.
 
-    Returns indptr int64 [N+1], neighbours [S] (the index dtype of the input:
-    int32 keeps the random accesses of the passes below in cache), multiplicity
-    int32 [S] (how many directed edges join the pair, in either direction).
+    Returns neighbours [S] (the index dtype of the input: int32 keeps the random
+    accesses of the passes below in cache) and multiplicity int32 [S] (how many
+    directed edges join the pair, in either direction).
     """
-    n = csr_indptr.shape[0] - 1
-    capacity = csr_indices.shape[0] + csc_indices.shape[0]
-    neighbours = np.empty(capacity, dtype=csr_indices.dtype)
-    weights = np.empty(capacity, dtype=np.int32)
-    indptr = np.zeros(n + 1, dtype=np.int64)
+    n = indptr.shape[0] - 1
+    neighbours = np.empty(indptr[n], dtype=csr_indices.dtype)
+    weights = np.empty(indptr[n], dtype=np.int32)
     slot_of = np.full(n, -1, dtype=np.int64)
-    position = 0
     for u in range(n):
-        row_start = position
+        position = indptr[u]
         for side in range(2):
             indptr_side = csr_indptr if side == 0 else csc_indptr
             indices_side = csr_indices if side == 0 else csc_indices
@@ -59,23 +57,29 @@ def _symmetric_adjacency(csr_indptr, csr_indices, csc_indptr, csc_indices):
                 if v == u:
                     continue
                 slot = slot_of[v]
-                if slot >= row_start:
+                if slot >= indptr[u]:
                     weights[slot] += 1
                 else:
                     slot_of[v] = position
                     neighbours[position] = v
                     weights[position] = 1
                     position += 1
-        indptr[u + 1] = position
-    return indptr, neighbours[:position].copy(), weights[:position].copy()
+    return neighbours, weights
 
 
 def symmetric_adjacency(graph: Graph):
-    """The undirected simple pattern of `graph`: (indptr int64 [N+1], neighbours [S], multiplicity int32 [S])."""
+    """The undirected simple pattern of `graph` (in- and out-neighbours merged, self-loops dropped).
+
+    Returns (indptr int64 [N+1], neighbours [S], multiplicity int32 [S]); rows
+    list neighbours in first-seen order (in-neighbours, then out-neighbours).
+    """
     graph = graph.to("cpu")
-    return _symmetric_adjacency(
-        graph.csr_indptr.numpy(), graph.csr_indices.numpy(), graph.csc_indptr.numpy(), graph.csc_indices.numpy()
+    indptr = np.zeros(graph.num_nodes + 1, dtype=np.int64)
+    np.cumsum(undirected_degree(graph), out=indptr[1:])
+    neighbours, weights = _symmetric_adjacency(
+        graph.csr_indptr.numpy(), graph.csr_indices.numpy(), graph.csc_indptr.numpy(), graph.csc_indices.numpy(), indptr
     )
+    return indptr, neighbours, weights
 
 
 @numba.njit(cache=True)
