@@ -19,7 +19,11 @@
 namespace gnnio {
 namespace {
 
-constexpr int kEdgeUnroll = 4;
+// Edges whose loads a lane group issues before using any: the forward keeps
+// a winner per feature in registers, so it stays at 4; the backward holds
+// only sums and takes 8 (short power-law rows are latency-bound).
+constexpr int kForwardUnroll = 4;
+constexpr int kBackwardUnroll = 8;
 constexpr int32_t kNoWinner = -1;
 
 // Whether the slot at `position` (counted from the row's first slot) beats the
@@ -78,23 +82,23 @@ __device__ __forceinline__ void extremum_slots(const WorkItem& item, IndexView i
     for (int64_t base = item.begin; base < item.end; base += kWarp) {
       const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
       const int64_t my_source = lane < count ? indices[base + lane] : 0;
-      for (int step = 0; step < count; step += groups * kEdgeUnroll) {
-        int64_t source[kEdgeUnroll];
-        int32_t position[kEdgeUnroll];
+      for (int step = 0; step < count; step += groups * kForwardUnroll) {
+        int64_t source[kForwardUnroll];
+        int32_t position[kForwardUnroll];
 #pragma unroll
-        for (int u = 0; u < kEdgeUnroll; ++u) {
+        for (int u = 0; u < kForwardUnroll; ++u) {
           const int slot = step + u * groups + group;
           source[u] = __shfl_sync(kFullMask, my_source, slot % kWarp);
           position[u] = static_cast<int32_t>(base - item.row_begin) + slot;
           if (slot >= count) source[u] = -1;
         }
-        Vec<scalar_t, VEC> row[kEdgeUnroll];
+        Vec<scalar_t, VEC> row[kForwardUnroll];
 #pragma unroll
-        for (int u = 0; u < kEdgeUnroll; ++u) {
+        for (int u = 0; u < kForwardUnroll; ++u) {
           if (active && source[u] >= 0) row[u] = load_vec<scalar_t, VEC>(x + source[u] * width + column);
         }
 #pragma unroll
-        for (int u = 0; u < kEdgeUnroll; ++u) {
+        for (int u = 0; u < kForwardUnroll; ++u) {
           if (!active || source[u] < 0) continue;
 #pragma unroll
           for (int v = 0; v < VEC; ++v) {
@@ -219,23 +223,23 @@ __device__ __forceinline__ void extremum_grad_slots(const WorkItem& item, IndexV
       const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
       const int64_t my_target = lane < count ? targets[base + lane] : 0;
       const int32_t my_position = lane < count ? csc_position[base + lane] : 0;
-      for (int step = 0; step < count; step += groups * kEdgeUnroll) {
-        int64_t target[kEdgeUnroll];
-        int32_t edge_position[kEdgeUnroll];
+      for (int step = 0; step < count; step += groups * kBackwardUnroll) {
+        int64_t target[kBackwardUnroll];
+        int32_t edge_position[kBackwardUnroll];
 #pragma unroll
-        for (int u = 0; u < kEdgeUnroll; ++u) {
+        for (int u = 0; u < kBackwardUnroll; ++u) {
           const int slot = step + u * groups + group;
           target[u] = __shfl_sync(kFullMask, my_target, slot % kWarp);
           edge_position[u] = __shfl_sync(kFullMask, my_position, slot % kWarp);
           if (slot >= count || !active) target[u] = -1;
         }
-        int32_t winner[kEdgeUnroll][VEC];
+        int32_t winner[kBackwardUnroll][VEC];
 #pragma unroll
-        for (int u = 0; u < kEdgeUnroll; ++u) {
+        for (int u = 0; u < kBackwardUnroll; ++u) {
           if (target[u] >= 0) load_positions<VEC>(positions, compact, target[u] * width + column, winner[u]);
         }
 #pragma unroll
-        for (int u = 0; u < kEdgeUnroll; ++u) {
+        for (int u = 0; u < kBackwardUnroll; ++u) {
           if (target[u] < 0) continue;
           bool any = false;
 #pragma unroll

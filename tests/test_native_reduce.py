@@ -53,7 +53,7 @@ def graph_named(name: str) -> Graph:
 
 
 def native_and_oracle(graph: Graph, x: torch.Tensor, reduce: str, seed: int):
-    """(out, grad of x) from the native backend (outputs in poisoned memory) and from the fp64 reference."""
+    """(out, grad of x) from the native backend (outputs in poisoned memory), the fp64 reference's, and dispatch.ran()."""
     x_native = x.detach().clone().requires_grad_()
     with dispatch.use_backend("native"):
         warm_up = aggregate(graph, x_native, reduce)  # builds the cached positions and schedules
@@ -62,7 +62,9 @@ def native_and_oracle(graph: Graph, x: torch.Tensor, reduce: str, seed: int):
         x_native.grad = None
         poison_cuda_cache(4 * warm_up.numel() * warm_up.element_size())
         del warm_up
+        dispatch.reset()
         out = aggregate(graph, x_native, reduce)
+    ran = dispatch.ran()
     poison_cuda_cache(2 * x.numel() * x.element_size())
     out.backward(grad_out)
 
@@ -70,7 +72,7 @@ def native_and_oracle(graph: Graph, x: torch.Tensor, reduce: str, seed: int):
     with dispatch.use_backend("reference"):
         oracle = aggregate(graph, x_oracle, reduce)
     oracle.backward(grad_out.double())
-    return (out, x_native.grad), (oracle, x_oracle.grad)
+    return (out, x_native.grad), (oracle, x_oracle.grad), ran
 
 
 @pytest.mark.parametrize("graph_name", ["small", "small-int64", "hub", "bipartite"])
@@ -80,9 +82,8 @@ def native_and_oracle(graph: Graph, x: torch.Tensor, reduce: str, seed: int):
 def test_extremum_matches_reference(graph_name, width, dtype, reduce):
     graph = graph_named(graph_name)
     x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(width))
-    dispatch.reset()
-    (out, grad), (oracle, oracle_grad) = native_and_oracle(graph, x, reduce, seed=width + 1)
-    assert dispatch.ran()["aggregate"].startswith("degree-aware")
+    (out, grad), (oracle, oracle_grad), ran = native_and_oracle(graph, x, reduce, seed=width + 1)
+    assert ran["aggregate"].startswith("degree-aware")
     assert out.dtype == dtype and not torch.isnan(out).any() and not torch.isnan(grad).any()
     assert torch.equal(out.double(), oracle.detach()), "max/min must pick exactly the reference's values"
     assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
@@ -95,7 +96,7 @@ def test_ties_go_to_the_smallest_source(graph_name, reduce):
     graph = graph_named(graph_name)
     gen = torch.Generator().manual_seed(21)
     x = torch.randint(-2, 3, (graph.num_src_nodes, 40), generator=gen).to(device="cuda", dtype=torch.float32)
-    (out, grad), (oracle, oracle_grad) = native_and_oracle(graph, x, reduce, seed=22)
+    (out, grad), (oracle, oracle_grad), _ = native_and_oracle(graph, x, reduce, seed=22)
     assert torch.equal(out.double(), oracle.detach())
     assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[torch.float32]
 
@@ -115,9 +116,8 @@ def test_nan_wins_as_in_torch():
 def test_sum_and_mean_run_the_spmm_kernels(reduce, dtype):
     graph = graph_named("hub")
     x = randn(graph.num_src_nodes, 64, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(24))
-    dispatch.reset()
-    (out, grad), (oracle, oracle_grad) = native_and_oracle(graph, x, reduce, seed=25)
-    assert dispatch.ran()["aggregate"] in ("csr-vec", "cusparse")
+    (out, grad), (oracle, oracle_grad), ran = native_and_oracle(graph, x, reduce, seed=25)
+    assert ran["aggregate"] in ("csr-vec", "cusparse")
     tolerance = 1e-4 if dtype == torch.float32 else 1e-2
     assert relative_error(out, oracle) <= tolerance and relative_error(grad, oracle_grad) <= tolerance
 

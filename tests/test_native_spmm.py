@@ -73,7 +73,7 @@ def check(native: torch.Tensor, oracle: torch.Tensor, torch_result: torch.Tensor
 
 
 def run_both(fn, x: torch.Tensor, grad_out_seed: int):
-    """(native out, native grad) and the fp64 oracle's, plus the reference at x's dtype, for fn(x)."""
+    """(native out, native grad), the fp64 oracle's, the reference's at x's dtype, and dispatch.ran() of the native call."""
     x_native = x.detach().clone().requires_grad_()
     with dispatch.use_backend("native"):
         # A first pass builds the graph's cached structures, so the poisoned
@@ -85,7 +85,9 @@ def run_both(fn, x: torch.Tensor, grad_out_seed: int):
         warm_up.backward(grad_out)
         x_native.grad = None
         poison_cuda_cache(2 * grad_out.numel() * grad_out.element_size())
+        dispatch.reset()
         out = fn(x_native)
+    ran = dispatch.ran()
     poison_cuda_cache(2 * x.numel() * x.element_size())
     out.backward(grad_out)
 
@@ -96,7 +98,7 @@ def run_both(fn, x: torch.Tensor, grad_out_seed: int):
         x_torch = x.detach().clone().requires_grad_()
         torch_out = fn(x_torch)
         torch_out.backward(grad_out)
-    return (out, x_native.grad), (oracle, x_oracle.grad), (torch_out, x_torch.grad)
+    return (out, x_native.grad), (oracle, x_oracle.grad), (torch_out, x_torch.grad), ran
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -115,9 +117,8 @@ def test_spmm_matches_reference(monkeypatch, kernel, graph_name, width, dtype, r
         w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
         return spmm(graph, features, w, reduce)
 
-    dispatch.reset()
-    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad) = run_both(fn, x, grad_out_seed=width + 1)
-    assert dispatch.ran()["spmm"] == kernel
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 1)
+    assert ran["spmm"] == kernel
     assert out.dtype == dtype and out.shape == (graph.num_dst_nodes, width)
     check(out, oracle, torch_out)
     check(grad, oracle_grad, torch_grad)
@@ -137,9 +138,8 @@ def test_gcn_propagate_matches_reference(graph_name, width, dtype, weighted, imp
         w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
         return gcn_propagate(graph, features, w, improved=improved)
 
-    dispatch.reset()
-    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad) = run_both(fn, x, grad_out_seed=width)
-    assert dispatch.ran()["gcn_propagate"] in KERNELS
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width)
+    assert ran["gcn_propagate"] in KERNELS
     check(out, oracle, torch_out)
     check(grad, oracle_grad, torch_grad)
 
