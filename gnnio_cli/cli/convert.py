@@ -29,7 +29,12 @@ class DelayedProgress:
             transient=True,
         )
         self.task = self.progress.add_task("read", total=len(STAGES))
-        self.timer = threading.Timer(delay, self.progress.start) if enabled else None
+        self.shown = False
+        self.timer = threading.Timer(delay, self._show) if enabled else None
+
+    def _show(self) -> None:
+        self.shown = True
+        self.progress.start()
 
     def __enter__(self) -> "DelayedProgress":
         if self.timer is not None:
@@ -41,7 +46,8 @@ class DelayedProgress:
         if self.timer is not None:
             self.timer.cancel()
             self.timer.join()
-        self.progress.stop()
+        if self.shown:  # stopping a bar never shown would still print a blank line
+            self.progress.stop()
 
     def __call__(self, stage: str) -> None:
         self.progress.update(self.task, description=stage, completed=STAGES.index(stage))

@@ -354,7 +354,8 @@ def parse_pairs(
     subtracted from every id (1 for Matrix Market); id_limit: ids after the
     shift must be below it (-1: no limit). Raises InputFormatError naming
     `name`, the line and its text at the first bad line; if that is line
-    `header_hint_line`, the message suggests --format csv for a header.
+    `header_hint_line` and holds a non-integer, the message suggests
+    --format csv for a header.
     """
     body_end, last_line = _split_last_line(data, start)
     bounds = _chunk_bounds(data, start, body_end)
@@ -377,7 +378,8 @@ def parse_pairs(
     if failed.size:
         status, line, offset = (int(v) for v in errors[failed[0]])
         text = _line_text(last_line if failed[0] == num_chunks else data, offset)
-        hint = " (if this is a header, use --format csv)" if line == header_hint_line else ""
+        looks_like_header = status == _NOT_INTEGER and line == header_hint_line
+        hint = " (if this is a header, use --format csv)" if looks_like_header else ""
         raise InputFormatError(f"{name}: line {line}: {_describe(status, id_base, id_limit)}: {text!r}{hint}")
     count = int(written.sum())
     # Move each chunk's edges down over the slots that comments and blank lines left free.
