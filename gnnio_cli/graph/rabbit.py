@@ -96,6 +96,23 @@ def _find(community, v):
 
 
 @numba.njit(cache=True)
+def _aggregate(u, targets, weights, start, stop, community, link_weight, linked, num_linked):
+    """Add edges targets/weights[start:stop] of u to link_weight by the community now holding each target.
+
+    Edges inside u are dropped; communities seen for the first time are appended
+    to `linked`. Returns the new length of `linked`.
+    """
+    for k in range(start, stop):
+        r = _find(community, targets[k])
+        if r != u:
+            if link_weight[r] == 0:
+                linked[num_linked] = r
+                num_linked += 1
+            link_weight[r] += weights[k]
+    return num_linked
+
+
+@numba.njit(cache=True)
 def _visit_order(degree):
     """Vertices by increasing degree, ties by id (a counting sort)."""
     counts = np.zeros(degree.max() + 2, dtype=np.int64)
@@ -144,25 +161,13 @@ def _rabbit_dendrogram(indptr, neighbours, weights):
         return parent, first_child, next_sibling
     for u in _visit_order(degree):
         visited[u] = True
-        num_linked = 0
-        for k in range(indptr[u], indptr[u + 1]):
-            r = _find(community, neighbours[k])
-            if r != u:
-                if link_weight[r] == 0:
-                    linked[num_linked] = r
-                    num_linked += 1
-                link_weight[r] += weights[k]
+        num_linked = _aggregate(u, neighbours, weights, indptr[u], indptr[u + 1], community, link_weight, linked, 0)
         child = first_child[u]
         while child != -1:
             start = handed_start[child]
             if start >= 0:
-                for k in range(start, start + handed_length[child]):
-                    r = _find(community, pool_neighbours[k])
-                    if r != u:
-                        if link_weight[r] == 0:
-                            linked[num_linked] = r
-                            num_linked += 1
-                        link_weight[r] += pool_weights[k]
+                num_linked = _aggregate(u, pool_neighbours, pool_weights, start, start + handed_length[child],
+                                        community, link_weight, linked, num_linked)
             child = next_sibling[child]
         best = -1
         best_gain = 0.0
