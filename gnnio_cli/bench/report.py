@@ -20,8 +20,7 @@ from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import catalog
 
 MIB = float(1 << 20)
-TIMING_COLUMNS = ["run", "backend", "fwd median", "fwd min", "fwd max", "fwd+bwd median", "fwd+bwd min",
-                  "fwd+bwd max", "peak MiB fwd", "peak MiB fwd+bwd", "x floor"]
+TIMING_COLUMNS = ["phase", "median ms", "min ms", "max ms", "peak MiB"]
 
 
 def default_device(device: Optional[str]) -> str:
@@ -111,24 +110,18 @@ def summary_pairs(result: dict) -> list[tuple[str, object]]:
         ("backend", f"{m['backend']} (asked: {result['backend_requested']})"),
         ("kernels", implementations),
         ("copy bandwidth", "-" if result["copy_bandwidth_gbs"] is None else f"{result['copy_bandwidth_gbs']:,.0f} GB/s"),
+        ("forward / byte floor", m["floor_ratio"]),
     ]
 
 
-def timing_row(m: dict) -> list:
-    train = m["train_ms"] or {}
-    return [
-        m["label"],
-        m["backend"],
-        m["forward_ms"]["median_ms"],
-        m["forward_ms"]["min_ms"],
-        m["forward_ms"]["max_ms"],
-        train.get("median_ms"),
-        train.get("min_ms"),
-        train.get("max_ms"),
-        m["peak_forward_mib"],
-        m["peak_train_mib"],
-        m["floor_ratio"],
-    ]
+def timing_rows(m: dict) -> list[list]:
+    """One row for the forward pass and one for forward+backward (when timed)."""
+    rows = [["forward", m["forward_ms"]["median_ms"], m["forward_ms"]["min_ms"], m["forward_ms"]["max_ms"],
+             m["peak_forward_mib"]]]
+    if m["train_ms"]:
+        train = m["train_ms"]
+        rows.append(["forward+backward", train["median_ms"], train["min_ms"], train["max_ms"], m["peak_train_mib"]])
+    return rows
 
 
 COMPARE_TARGETS = ("reference", "cusparse", "pyg")
@@ -225,11 +218,19 @@ def compare(*, layers, graph_spec, against, scope, features, heads, dtype, devic
 
 
 def compare_row(run: dict) -> list:
-    return timing_row(run) + [
+    train = run["train_ms"] or {}
+    return [
+        run["label"],
+        ", ".join(sorted(set(run["implementations"].values()))) or run["backend"],
+        run["forward_ms"]["median_ms"],
+        train.get("median_ms"),
+        run["peak_train_mib"] if run["peak_train_mib"] is not None else run["peak_forward_mib"],
+        run["floor_ratio"],
         run.get("gnnio_speedup_forward"),
         run.get("gnnio_speedup_train"),
         run.get("max_error_vs_gnnio"),
     ]
 
 
-COMPARE_COLUMNS = TIMING_COLUMNS + ["gnnio speedup fwd", "gnnio speedup fwd+bwd", "max rel. error"]
+COMPARE_COLUMNS = ["run", "kernels", "fwd ms", "fwd+bwd ms", "peak MiB", "x floor", "gnnio speedup fwd",
+                   "gnnio speedup fwd+bwd", "max rel. error"]

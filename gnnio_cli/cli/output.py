@@ -70,7 +70,13 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], cap
 
 
 def key_value_table(title: str, pairs: Iterable[tuple[str, Any]]) -> Table:
-    return table(title, ["", ""], pairs)
+    """A two-column table of labelled values, no header."""
+    out = Table(title=title, show_header=False, title_justify="left")
+    out.add_column(style="bold")
+    out.add_column()
+    for key, value in pairs:
+        out.add_row(key, fmt(value))
+    return out
 
 
 def note(message: str) -> None:

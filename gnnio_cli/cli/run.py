@@ -34,4 +34,4 @@ def command(layer, graph, features, heads, dtype, device, backend, aggregation_o
         emit_json(result)
         return
     stdout.print(key_value_table(f"gnnio run: {layer}", report.summary_pairs(result)))
-    stdout.print(table("Timing (ms) and peak memory", report.TIMING_COLUMNS, [report.timing_row(result["measurement"])]))
+    stdout.print(table("Timing and peak memory", report.TIMING_COLUMNS, report.timing_rows(result["measurement"])))
