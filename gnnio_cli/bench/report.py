@@ -232,5 +232,5 @@ def compare_row(run: dict) -> list:
     ]
 
 
-COMPARE_COLUMNS = ["run", "kernels", "fwd ms", "fwd+bwd ms", "peak MiB", "x floor", "gnnio speedup fwd",
+COMPARE_COLUMNS = ["run", "kernels", "fwd ms", "fwd+bwd ms", "peak MiB", "fwd / floor", "gnnio speedup fwd",
                    "gnnio speedup fwd+bwd", "max rel. error"]

@@ -15,7 +15,8 @@ from typing import Any, Iterable, Sequence
 from rich.console import Console
 from rich.table import Table
 
-stdout = Console(soft_wrap=True)
+# Redirected output is read in files and logs, not an 80-column terminal: give tables room.
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
