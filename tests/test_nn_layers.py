@@ -125,6 +125,9 @@ def test_gcn_matches_pyg(device, edge_weight, normalization, options):
     inputs = {"x": features(NUM_NODES, IN_CHANNELS, seed=2, device=device)}
     compared = {}
     if edge_weight:
+        if edge_index.is_cuda:
+            # Which of a node's several loop weights PyG keeps is a race on CUDA (index_put with repeats).
+            edge_index = edge_index[:, ~shadowed_self_loops(edge_index)]
         inputs["edge_weight"] = features(edge_index.shape[1], seed=3, device=device).abs() + 0.1
         compared["edge_weight"] = ~shadowed_self_loops(edge_index)
     call = lambda layer, t: layer(t["x"], edge_index, t.get("edge_weight"))
