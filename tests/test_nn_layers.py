@@ -229,16 +229,29 @@ def test_gin_matches_pyg(device, eps, train_eps, bipartite):
     assert_same(theirs, ours, call, inputs)
 
 
-# --------------------------------------------------------------------- GAT
+# ------------------------------------------------------ attention layers
+ATTENTION_FLAGS = {
+    "GATConv": ("concat", "add_self_loops", "edge_dim", "residual"),
+    "GATv2Conv": ("concat", "add_self_loops", "edge_dim", "share_weights"),
+    "TransformerConv": ("concat", "beta", "root_weight", "edge_dim"),
+}
+ATTENTION_CASES = [
+    (name, dict(zip(names, values)))
+    for name, names in ATTENTION_FLAGS.items()
+    for values in itertools.product([False, True], repeat=len(names))
+]
+
+
 @devices
 @pytest.mark.parametrize("heads", [1, 3])
-@flags("concat", "add_self_loops", "edge_dim", "residual")
-def test_gat_matches_pyg(device, heads, options):
+@pytest.mark.parametrize(
+    "name, options", ATTENTION_CASES, ids=[f"{n}-" + "-".join(f"{k}={int(v)}" for k, v in o.items()) for n, o in ATTENTION_CASES]
+)
+def test_attention_layer_matches_pyg(device, heads, name, options):
+    """Every combination of the layer's boolean options, heads 1 and 3, with returned attention."""
     options = dict(options)
     edge_dim = EDGE_DIM if options.pop("edge_dim") else None
-    theirs, ours = twins(
-        "GATConv", IN_CHANNELS, OUT_CHANNELS, heads=heads, edge_dim=edge_dim, device=device, **options
-    )
+    theirs, ours = twins(name, IN_CHANNELS, OUT_CHANNELS, heads=heads, edge_dim=edge_dim, device=device, **options)
     edge_index = edge_index_for(12, device=device)
     inputs = {"x": features(NUM_NODES, IN_CHANNELS, seed=13, device=device)}
     if edge_dim:
@@ -298,48 +311,12 @@ def test_gat_shared_projection_on_bipartite_pairs_matches_pyg(bias):
     assert_same(theirs, ours, lambda layer, t: layer((t["x_src"], t["x_dst"]), edge_index), inputs)
 
 
-# ------------------------------------------------------------------- GATv2
-@devices
-@pytest.mark.parametrize("heads", [1, 3])
-@flags("concat", "add_self_loops", "edge_dim", "share_weights")
-def test_gatv2_matches_pyg(device, heads, options):
-    options = dict(options)
-    edge_dim = EDGE_DIM if options.pop("edge_dim") else None
-    theirs, ours = twins(
-        "GATv2Conv", IN_CHANNELS, OUT_CHANNELS, heads=heads, edge_dim=edge_dim, device=device, **options
-    )
-    edge_index = edge_index_for(27, device=device)
-    inputs = {"x": features(NUM_NODES, IN_CHANNELS, seed=28, device=device)}
-    if edge_dim:
-        inputs["edge_attr"] = features(edge_index.shape[1], EDGE_DIM, seed=29, device=device)
-    call = lambda layer, t: layer(t["x"], edge_index, t.get("edge_attr"), return_attention_weights=True)
-    assert_same(theirs, ours, call, inputs, attention=True)
-
-
 @flags("residual", "bias", "share_weights")
 def test_gatv2_residual_and_bias_match_pyg(options):
     theirs, ours = twins("GATv2Conv", IN_CHANNELS, OUT_CHANNELS, heads=2, **options)
     edge_index = edge_index_for(30)
     inputs = {"x": features(NUM_NODES, IN_CHANNELS, seed=31)}
     assert_same(theirs, ours, lambda layer, t: layer(t["x"], edge_index), inputs)
-
-
-# ------------------------------------------------------------- Transformer
-@devices
-@pytest.mark.parametrize("heads", [1, 3])
-@flags("concat", "beta", "root_weight", "edge_dim")
-def test_transformer_matches_pyg(device, heads, options):
-    options = dict(options)
-    edge_dim = EDGE_DIM if options.pop("edge_dim") else None
-    theirs, ours = twins(
-        "TransformerConv", IN_CHANNELS, OUT_CHANNELS, heads=heads, edge_dim=edge_dim, device=device, **options
-    )
-    edge_index = edge_index_for(32, device=device)
-    inputs = {"x": features(NUM_NODES, IN_CHANNELS, seed=33, device=device)}
-    if edge_dim:
-        inputs["edge_attr"] = features(edge_index.shape[1], EDGE_DIM, seed=34, device=device)
-    call = lambda layer, t: layer(t["x"], edge_index, t.get("edge_attr"), return_attention_weights=True)
-    assert_same(theirs, ours, call, inputs, attention=True)
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -18,7 +18,32 @@ AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
 
 
 class _AttentionConv(ConvBase):
-    """What GATConv and GATv2Conv share: self-loops, edge features, heads, residual, bias, returns."""
+    """What GATConv and GATv2Conv share: options, self-loops, edge features, heads, residual, bias, returns."""
+
+    def _store_options(self, in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops,
+                       edge_dim, fill_value, residual) -> None:
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+
+    def _add_residual_and_bias(self, target_width: int, bias: bool) -> None:
+        """res (glorot, no bias) when `residual`, and the output bias; created in PyG's order."""
+        total_out_channels = self.out_channels * (self.heads if self.concat else 1)
+        if self.residual:
+            self.res = Linear(target_width, total_out_channels, bias=False, weight_initializer="glorot")
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = Parameter(torch.empty(total_out_channels))
+        else:
+            self.register_parameter("bias", None)
 
     def _edges_with_loops(
         self, edge_index: EdgesInput, adjacency: Adjacency, num_loops: int, edge_attr: Optional[Tensor]
@@ -99,16 +124,8 @@ class GATConv(_AttentionConv):
     ):
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.heads = heads
-        self.concat = concat
-        self.negative_slope = negative_slope
-        self.dropout = dropout
-        self.add_self_loops = add_self_loops
-        self.edge_dim = edge_dim
-        self.fill_value = fill_value
-        self.residual = residual
+        self._store_options(in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops,
+                            edge_dim, fill_value, residual)
         width = heads * out_channels
         self.lin = self.lin_src = self.lin_dst = None
         if isinstance(in_channels, int):
@@ -124,16 +141,7 @@ class GATConv(_AttentionConv):
         else:
             self.lin_edge = None
             self.register_parameter("att_edge", None)
-        total_out_channels = out_channels * (heads if concat else 1)
-        if residual:
-            target_width = in_channels if isinstance(in_channels, int) else in_channels[1]
-            self.res = Linear(target_width, total_out_channels, bias=False, weight_initializer="glorot")
-        else:
-            self.register_parameter("res", None)
-        if bias:
-            self.bias = Parameter(torch.empty(total_out_channels))
-        else:
-            self.register_parameter("bias", None)
+        self._add_residual_and_bias(in_channels if isinstance(in_channels, int) else in_channels[1], bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -229,16 +237,8 @@ class GATv2Conv(_AttentionConv):
         **kwargs,
     ):
         super().__init__(node_dim=0, **kwargs)
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.heads = heads
-        self.concat = concat
-        self.negative_slope = negative_slope
-        self.dropout = dropout
-        self.add_self_loops = add_self_loops
-        self.edge_dim = edge_dim
-        self.fill_value = fill_value
-        self.residual = residual
+        self._store_options(in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops,
+                            edge_dim, fill_value, residual)
         self.share_weights = share_weights
         width = heads * out_channels
         widths = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
@@ -252,15 +252,7 @@ class GATv2Conv(_AttentionConv):
             self.lin_edge = Linear(edge_dim, width, bias=False, weight_initializer="glorot")
         else:
             self.lin_edge = None
-        total_out_channels = out_channels * (heads if concat else 1)
-        if residual:
-            self.res = Linear(widths[1], total_out_channels, bias=False, weight_initializer="glorot")
-        else:
-            self.register_parameter("res", None)
-        if bias:
-            self.bias = Parameter(torch.empty(total_out_channels))
-        else:
-            self.register_parameter("bias", None)
+        self._add_residual_and_bias(widths[1], bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
