@@ -129,3 +129,15 @@ def test_gnnio_train_entry_point_runs():
     assert completed.returncode == 0, completed.stderr
     assert "mean test acc" in completed.stdout and "gnnio" in completed.stdout
     assert "pyg" not in completed.stdout.split("mean test acc")[1]
+
+
+def test_train_without_pyg_says_why(cora, monkeypatch):
+    import gnnio_cli.train as training
+
+    monkeypatch.setattr(training, "pyg_layers", lambda: (None, "No module named 'torch_geometric'"))
+    report = training.train("gcn", "cora", seeds=1, epochs=1, device="cpu")
+    assert [result.library for result in report.libraries] == ["gnnio"]
+    assert "torch_geometric" in report.pyg_missing
+    outcome = CliRunner().invoke(cli, ["train", "--model", "gcn", "--seeds", "1", "--epochs", "1"])
+    assert outcome.exit_code == 0, outcome.output
+    assert "PyG's layers not trained" in outcome.stderr
