@@ -242,12 +242,11 @@ def with_self_loops(
     Returns the looped Adjacency and the looped edge_attr (None if not given).
     """
     looped = _looped_edges(adjacency.graph, num_loops, row_major=adjacency.is_sparse)
-    _, target = adjacency.edge_index()
-    kept_target = target.index_select(0, looped.kept_eid)
 
     def carry(per_edge: Optional[Tensor]) -> Optional[Tensor]:
         if per_edge is None:
             return None
+        kept_target = adjacency.edge_index()[1].index_select(0, looped.kept_eid)
         kept = per_edge.index_select(0, looped.kept_eid)
         joined = torch.cat([kept, loop_fill(kept, kept_target, num_loops, fill_value)])
         return joined if looped.order is None else joined.index_select(0, looped.order)
