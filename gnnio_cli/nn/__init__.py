@@ -9,6 +9,26 @@ or a gnnio :class:`~gnnio_cli.graph.Graph`; the CSR/CSC structures are built
 once per edge tensor and cached (see :mod:`gnnio_cli.nn.adjacency`).
 
 :func:`patch_pyg` makes existing PyG model code use these layers unchanged.
+
+Where gnnio differs from PyG 2.8, on purpose:
+
+- The layers are plain ``torch.nn.Module`` subclasses, not ``MessagePassing``
+  ones; ``aggr`` takes a name only (no lists, ``Aggregation`` objects or
+  "lstm"), ``flow`` only "source_to_target", and a ``(x_src, None)`` pair
+  needs ``size``.
+- Attention dropout draws its mask in gnnio's edge order, so in training mode
+  the mask differs from PyG's for the same seed (same distribution); in eval
+  mode, and for every layer without attention dropout, results agree.
+- Edge weights of a node's self-loops that GCN's normalisation drops (all but
+  the last when a node has several) get a zero gradient, their true
+  derivative; PyG's ``index_put`` gives them the kept loop's gradient.
+- A torch sparse CSC adjacency is accepted everywhere (PyG refuses it in
+  ``gcn_norm`` and in GAT's self-loop step). Attention returned for a sparse
+  input comes back as a sparse tensor of the input's layout with the weights
+  as values; for CSC with added self-loops the separate weight vector is in
+  row-major (target, source) order, not the CSC value order.
+- TransformerConv and GATv2Conv refuse ``edge_attr`` when built without
+  ``edge_dim`` (PyG fails or broadcasts the raw features).
 """
 
 from gnnio_cli.nn.gat import GATConv, GATv2Conv
