@@ -16,7 +16,7 @@ Where gnnio differs from PyG 2.8, on purpose:
   ones; ``aggr`` takes a name only (no lists, ``Aggregation`` objects or
   "lstm"), ``flow`` only "source_to_target", and a ``(x_src, None)`` pair
   needs ``size``.
-- Attention dropout draws its mask in gnnio's edge order, so in training mode
+- Attention dropout draws its mask in CSR (target-major) order, so in training mode
   the mask differs from PyG's for the same seed (same distribution); in eval
   mode, and for every layer without attention dropout, results agree.
 - Edge weights of a node's self-loops that GCN's normalisation drops (all but
