@@ -18,11 +18,10 @@
 namespace gnnio {
 namespace {
 
-// Edges whose feature loads one lane group issues before using any of them.
-// Rows of a power-law graph are short, so a warp's time is mostly latency:
-// 8 independent 128-bit loads in flight per lane (4 measured 15% slower than
-// cuSPARSE on rmat20).
-constexpr int kEdgeUnroll = 8;
+// Edges whose feature loads one lane group issues before using any of them:
+// independent 128-bit loads in flight per lane. 8 measured 7-20% slower than
+// 4 on rmat20 and uniform20 (H100): the extra registers cost occupancy.
+constexpr int kEdgeUnroll = 4;
 
 // Sum of values[k] * x[indices[k]] over the item's slots, written as one output
 // row (scalar_t) or one fp32 partial row. VEC is the vector width of this call

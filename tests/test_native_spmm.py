@@ -101,7 +101,7 @@ def run_both(fn, x: torch.Tensor, grad_out_seed: int):
     return (out, x_native.grad), (oracle, x_oracle.grad), (torch_out, x_torch.grad), ran
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS)  # the fp32 choice; 16-bit always runs csr-vec
 @pytest.mark.parametrize("graph_name", ["small", "small-int64", "hub", "bipartite"])
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -118,7 +118,7 @@ def test_spmm_matches_reference(monkeypatch, kernel, graph_name, width, dtype, r
         return spmm(graph, features, w, reduce)
 
     (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 1)
-    assert ran["spmm"] == kernel
+    assert ran["spmm"] == (kernel if dtype == torch.float32 else "csr-vec")  # 16-bit never goes to cuSPARSE
     assert out.dtype == dtype and out.shape == (graph.num_dst_nodes, width)
     check(out, oracle, torch_out)
     check(grad, oracle_grad, torch_grad)

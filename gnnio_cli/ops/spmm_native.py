@@ -11,14 +11,16 @@ Two kernels compute ``A @ x`` (native/spmm.cu):
 
 - ``csr-vec``: gnnio's degree-aware CSR kernel (128-bit loads, a warp per
   light row, heavy rows in tiles merged in order), any dtype;
-- ``cusparse``: cuSPARSE SpMM with fp32 compute, its values and work buffer
-  cached per (dtype, width).
+- ``cusparse``: cuSPARSE SpMM (fp32), its values and work buffer cached per
+  (dtype, width).
 
-Which one runs is chosen once per (operator side, dtype, width): both are
-timed on the first call and the faster kept (on an H100, cuSPARSE won on
-rmat20 and gnnio's kernel on uniform20, in fp32 and bf16 alike; inside CUDA
-graph capture, where nothing can be timed, gnnio's). ``GNNIO_SPMM_KERNEL``
-(``csr-vec`` or ``cusparse``) forces one. The choice is recorded with
+16-bit features always take ``csr-vec``: cuSPARSE's 16-bit SpMM, although
+asked for fp32 compute, was measured 0.1-0.46 off (relative) on a row of
+100k in-edges, where gnnio's kernel rounds once. For fp32 both are timed on
+the first call per (operator side, width) and the faster kept (on an H100,
+cuSPARSE won on rmat20, gnnio's kernel on uniform20; inside CUDA graph
+capture, where nothing can be timed, gnnio's). ``GNNIO_SPMM_KERNEL``
+(``csr-vec`` or ``cusparse``) forces the fp32 choice. The choice is recorded with
 :func:`dispatch.record`, so ``gnnio run`` and ``compare`` show it.
 
 Operators without per-call edge weights are cached on the Graph; results are
@@ -90,6 +92,8 @@ class OperatorSide:
         )
 
     def _kernel(self, x: torch.Tensor) -> str:
+        if x.dtype != torch.float32:
+            return "csr-vec"
         forced = os.environ.get("GNNIO_SPMM_KERNEL")
         if forced:
             if forced not in KERNELS:
