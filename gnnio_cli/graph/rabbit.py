@@ -19,7 +19,7 @@ number of edges u -> v plus v -> u; self-loops are dropped. Two phases:
    if v was already visited: its own decision is made).
 2. **Ordering.** The merges form a dendrogram (u is a child of the community it
    merged into, children in merge order). A depth-first pre-order walk from each
-   top-level community, in increasing id, numbers the vertices, so every
+   top-level community, in visit order, numbers the vertices, so every
    community and each of its sub-communities gets a contiguous id range.
 
 Deterministic; O(E) aggregation work per level of the dendrogram in the worst
@@ -27,6 +27,8 @@ case, near-linear in practice.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numba
 import numpy as np
@@ -36,9 +38,11 @@ from gnnio_cli.graph.profile import undirected_degree
 
 
 @numba.njit(cache=True)
-def _symmetric_adjacency(csr_indptr, csr_indices, csc_indptr, csc_indices, indptr):
+def _symmetric_adjacency(csr_indptr, csr_indices, csc_indptr, csc_indices, indptr, order, rank, relabel):
     """Fill the undirected simple adjacency whose row pointers `indptr` [N+1] are known.
 
+    With `relabel`, row i is node order[i] and every neighbour v is written as
+    rank[v] (rank = inverse of order); otherwise ids are kept and order/rank unread.
     Returns neighbours [S] (the index dtype of the input: int32 keeps the random
     accesses of the passes below in cache) and multiplicity int32 [S] (how many
     directed edges join the pair, in either direction).
@@ -47,8 +51,9 @@ def _symmetric_adjacency(csr_indptr, csr_indices, csc_indptr, csc_indices, indpt
     neighbours = np.empty(indptr[n], dtype=csr_indices.dtype)
     weights = np.empty(indptr[n], dtype=np.int32)
     slot_of = np.full(n, -1, dtype=np.int64)
-    for u in range(n):
-        position = indptr[u]
+    for row in range(n):
+        u = order[row] if relabel else row
+        position = indptr[row]
         for side in range(2):
             indptr_side = csr_indptr if side == 0 else csc_indptr
             indices_side = csr_indices if side == 0 else csc_indices
@@ -57,29 +62,51 @@ def _symmetric_adjacency(csr_indptr, csr_indices, csc_indptr, csc_indices, indpt
                 if v == u:
                     continue
                 slot = slot_of[v]
-                if slot >= indptr[u]:
+                if slot >= indptr[row]:
                     weights[slot] += 1
                 else:
                     slot_of[v] = position
-                    neighbours[position] = v
+                    neighbours[position] = rank[v] if relabel else v
                     weights[position] = 1
                     position += 1
     return neighbours, weights
 
 
-def symmetric_adjacency(graph: Graph):
+def symmetric_adjacency(graph: Graph, order: Optional[np.ndarray] = None):
     """The undirected simple pattern of `graph` (in- and out-neighbours merged, self-loops dropped).
 
     Returns (indptr int64 [N+1], neighbours [S], multiplicity int32 [S]); rows
     list neighbours in first-seen order (in-neighbours, then out-neighbours).
+    With `order` (int64 [N]), nodes are renumbered on the way: row i is node
+    order[i] and neighbours are given by their position in `order`.
     """
     graph = graph.to("cpu")
+    row_length = undirected_degree(graph)
+    relabel = order is not None
+    if relabel:
+        row_length = row_length[order]
+        rank = np.empty(order.size, dtype=graph.csr_indices.numpy().dtype)
+        rank[order] = np.arange(order.size)
+    else:
+        order = rank = np.zeros(0, dtype=np.int64)
     indptr = np.zeros(graph.num_nodes + 1, dtype=np.int64)
-    np.cumsum(undirected_degree(graph), out=indptr[1:])
+    np.cumsum(row_length, out=indptr[1:])
     neighbours, weights = _symmetric_adjacency(
-        graph.csr_indptr.numpy(), graph.csr_indices.numpy(), graph.csc_indptr.numpy(), graph.csc_indices.numpy(), indptr
+        graph.csr_indptr.numpy(), graph.csr_indices.numpy(), graph.csc_indptr.numpy(), graph.csc_indices.numpy(),
+        indptr, order, rank, relabel,
     )
     return indptr, neighbours, weights
+
+
+@numba.njit(cache=True)
+def _self_loops(indptr, indices):
+    """int64 [N]: self-loops of each node (CSR rows)."""
+    loops = np.zeros(indptr.shape[0] - 1, dtype=np.int64)
+    for u in range(loops.shape[0]):
+        for k in range(indptr[u], indptr[u + 1]):
+            if indices[k] == u:
+                loops[u] += 1
+    return loops
 
 
 @numba.njit(cache=True)
@@ -115,7 +142,7 @@ def _aggregate(u, targets, weights, start, stop, community, link_weight, linked,
 @numba.njit(cache=True)
 def _visit_order(degree):
     """Vertices by increasing degree, ties by id (a counting sort)."""
-    counts = np.zeros(degree.max() + 2, dtype=np.int64)
+    counts = np.zeros((degree.max() if degree.shape[0] else 0) + 2, dtype=np.int64)
     for d in degree:
         counts[d + 1] += 1
     for i in range(counts.shape[0] - 1):
@@ -232,20 +259,36 @@ def _preorder_numbering(parent, first_child, next_sibling):
 
 
 def _dendrogram(graph: Graph):
-    indptr, neighbours, weights = symmetric_adjacency(graph)
+    """Phase 1 on `graph` renumbered into visit order, so the hubs that most edges lead to
+    sit together at the end of every per-node array and stay in CPU caches.
+
+    Returns (order, parent, first_child, next_sibling): the tree arrays are in
+    visit-rank space; order[rank] is the node id.
+    """
+    graph = graph.to("cpu")
+    weighted_degree = (graph.in_degree + graph.out_degree).numpy() - 2 * _self_loops(
+        graph.csr_indptr.numpy(), graph.csr_indices.numpy()
+    )
+    order = _visit_order(weighted_degree)
+    indptr, neighbours, weights = symmetric_adjacency(graph, order)
     if int(weights.sum(dtype=np.int64)) >= 2**31:
         weights = weights.astype(np.int64)
-    return _rabbit_dendrogram(indptr, neighbours, weights)
+    return (order, *_rabbit_dendrogram(indptr, neighbours, weights))
 
 
 def rabbit_order(graph: Graph) -> np.ndarray:
     """Rabbit order of `graph`'s nodes: new_to_old int64 [N] (new node i is old node new_to_old[i])."""
-    return _preorder_numbering(*_dendrogram(graph))
+    order, parent, first_child, next_sibling = _dendrogram(graph)
+    return order[_preorder_numbering(parent, first_child, next_sibling)]
 
 
 def rabbit_dendrogram(graph: Graph) -> np.ndarray:
     """The merge dendrogram: parent int64 [N], the node each node was merged into, -1 for top-level communities."""
-    return _dendrogram(graph)[0]
+    order, parent_by_rank, _, _ = _dendrogram(graph)
+    parent = np.full(order.size, -1, dtype=np.int64)
+    merged = parent_by_rank >= 0
+    parent[order[merged]] = order[parent_by_rank[merged]]
+    return parent
 
 
 def rabbit_communities(graph: Graph) -> np.ndarray:
