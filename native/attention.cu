@@ -6,11 +6,11 @@
 // Forward walks the CSR (one row per target) with an online softmax and saves
 // only lse[t, h] = log(sum exp(score)) besides the output. Backward:
 //   - a CSR pass recomputes the scores of each target's in-edges and gives the
-//     target-side gradients (query, x_dst, alpha_dst), the per-edge ones, the
-//     attention-vector partials (one row per block, summed in a second step)
-//     and delta[t, h] = <grad_out[t, h], out[t, h]>;
+//     target-side gradients (query, x_dst, alpha_dst), the attention-vector
+//     partials (one row per block, summed in a second step) and
+//     delta[t, h] = <grad_out[t, h], out[t, h]>, summed from the recomputed terms;
 //   - a CSC pass (one row per source) recomputes them once more and gives the
-//     source-side gradients (key, value, x_src, alpha_src).
+//     source-side gradients (key, value, x_src, alpha_src) and the per-edge ones.
 // With p = exp(score - lse), w = p * dropout and dp = dropout * <g_t, message>:
 //   d score = p * (dp - delta),  d message = w * g_t.
 // Both passes are gathers, never scatters: no atomics, deterministic results.
@@ -59,7 +59,6 @@ struct Params {
   float* part_acc;
 
   // backward inputs and outputs
-  const scalar_t* out_in;
   const scalar_t* grad_out;
   const float* lse_in;
   const float* delta_in;
@@ -72,6 +71,10 @@ struct Params {
   float* part_vec;
   float* part_vec2;
   float* part_scalar;
+  float* part_scalar2;
+  float* part_delta;
+  float* part_att;
+  float* part_att2;
 };
 
 // Where this lane sits: its head and, per chunk k, its first channel.
@@ -360,6 +363,13 @@ __global__ void sum_tiles_kernel(const RowSchedule s, int64_t width, const float
 }
 
 // ----------------------------------------------------- backward, target side
+// delta = <g_t, out_t> is summed here from the recomputed terms instead of
+// read from the saved output: a 16-bit output would carry its rounding into
+// d score = p * (dp - delta), where dp and delta nearly cancel. Since
+//   sum_e d score_e * x_e = sum_e r_e x_e - delta * sum_e p_e x_e,  r_e = p_e * drop_e * dp_e,
+// the pass keeps both sums and combines them once delta is complete (at the
+// row's end, or after its tiles for a heavy row). Per-edge gradients need
+// delta first, so the source-side pass writes them.
 template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(const Params<scalar_t> p) {
   constexpr int U = edges_per_step<VEC>();
@@ -368,6 +378,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(
   const Dropout dropout = p.dropout;
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f;
+  const bool writer = lane.head_ok && lane.in_head == 0;
 
   Chunks<VEC> att, att_grad;  // GATv2: the attention vector and this warp's share of its gradient
   set_zero<VEC>(att_grad);
@@ -379,109 +390,120 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(
 
     Chunks<VEC> grad, target;
     load_row<VEC>(p.grad_out, item.row, geo, lane, true, grad);
-    float row_delta;
-    {
-      Chunks<VEC> out_row;
-      load_row<VEC>(p.out_in, item.row, geo, lane, true, out_row);
-      row_delta = head_sum(dot<VEC>(grad, out_row), geo.lanes_per_head);
-    }
-    // every tile of a heavy row needs delta; the first one stores it
-    if (item.begin == item.row_begin && lane.head_ok && lane.in_head == 0)
-      p.delta_out[item.row * geo.heads + lane.head] = row_delta;
     const float row_lse = load_scalar(p.lse_in, item.row, geo, lane.head, lane.head_ok);
     float alpha_dst = 0.f;
     if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, true, target);
     if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
-    {
-      Chunks<VEC> target_grad;
-      set_zero<VEC>(target_grad);
-      float scalar_grad = 0.f;
 
-      for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
-                       [&](const int64_t(&neighbour)[U], const int64_t(&edge)[U], const bool(&valid)[U]) {
-        Chunks<VEC> message[U], key[U];  // key: Dot's key + edge; GATv2's hidden
-        float partial[U], message_dot[U], z[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          load_row<VEC>(p.msg_src, neighbour[u], geo, lane, valid[u], message[u]);
-          if constexpr (KIND == kDot) {
-            load_row<VEC>(p.key_src, neighbour[u], geo, lane, valid[u], key[u]);
-            if (p.edge) {
-              Chunks<VEC> feature;
-              load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
-              add_to<VEC>(key[u], feature);
-              add_to<VEC>(message[u], feature);
-            }
-            partial[u] = dot<VEC>(target, key[u]);
-          } else if constexpr (KIND == kGatV2) {
-#pragma unroll
-            for (int k = 0; k < K; ++k)
-#pragma unroll
-              for (int v = 0; v < VEC; ++v) key[u][k][v] = message[u][k][v] + target[k][v];
-            if (p.edge) {
-              Chunks<VEC> feature;
-              load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
-              add_to<VEC>(key[u], feature);
-            }
-            partial[u] = gatv2_partial<VEC>(att, key[u], p.slope);
-          } else {
-            const bool use = valid[u] && lane.head_ok;
-            z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, use) + alpha_dst;
-            if (p.edge) z[u] += load_scalar(p.edge, edge[u], geo, lane.head, use);
-          }
-          message_dot[u] = dot<VEC>(grad, message[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          float score;
-          if constexpr (KIND == kGat) {
-            score = leaky_relu(z[u], p.slope);
-          } else {
-            score = head_sum(partial[u], geo.lanes_per_head) * p.scale;
-          }
-          const float dp = head_sum(message_dot[u], geo.lanes_per_head);
-          if (!valid[u]) continue;
-          const float prob = __expf(score - row_lse);
-          const float drop = dropout.weight(edge[u], lane.head);
-          const float score_grad = prob * (drop * dp - row_delta);
-          if constexpr (KIND == kDot) {
-            add_scaled<VEC>(target_grad, score_grad * p.scale, key[u]);
-            if (p.grad_edge) {
-              Chunks<VEC> edge_grad;
-#pragma unroll
-              for (int k = 0; k < K; ++k)
-#pragma unroll
-                for (int v = 0; v < VEC; ++v)
-                  edge_grad[k][v] = score_grad * p.scale * target[k][v] + prob * drop * grad[k][v];
-              store_row<VEC>(p.grad_edge, edge[u], geo, lane, edge_grad);
-            }
-          } else if constexpr (KIND == kGatV2) {
-            Chunks<VEC> hidden_grad;
-#pragma unroll
-            for (int k = 0; k < K; ++k)
-#pragma unroll
-              for (int v = 0; v < VEC; ++v) {
-                hidden_grad[k][v] = score_grad * att[k][v] * leaky_relu_grad(key[u][k][v], p.slope);
-                att_grad[k][v] += score_grad * leaky_relu(key[u][k][v], p.slope);
-              }
-            add_to<VEC>(target_grad, hidden_grad);
-            if (p.grad_edge) store_row<VEC>(p.grad_edge, edge[u], geo, lane, hidden_grad);
-          } else {
-            const float z_grad = score_grad * leaky_relu_grad(z[u], p.slope);
-            scalar_grad += z_grad;
-            if (p.grad_edge && lane.head_ok && lane.in_head == 0)
-              p.grad_edge[edge[u] * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
-          }
-        }
-      });
+    // sums over the row's edges of r_e * term_e (weighted) and p_e * term_e (plain)
+    Chunks<VEC> weighted, plain, att_weighted, att_plain;
+    set_zero<VEC>(weighted);
+    set_zero<VEC>(plain);
+    set_zero<VEC>(att_weighted);
+    set_zero<VEC>(att_plain);
+    float scalar_weighted = 0.f, scalar_plain = 0.f, delta = 0.f;
 
-      const bool writer = lane.head_ok && lane.in_head == 0;
-      if (item.partial < 0) {
-        if constexpr (KIND != kGat) store_row<VEC>(p.grad_vec, item.row, geo, lane, target_grad);
-        if (KIND == kGat && writer) p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_grad);
+    for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
+                     [&](const int64_t(&neighbour)[U], const int64_t(&edge)[U], const bool(&valid)[U]) {
+      Chunks<VEC> message[U], key[U];  // key: Dot's key + edge; GATv2's hidden
+      float partial[U], message_dot[U], z[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        load_row<VEC>(p.msg_src, neighbour[u], geo, lane, valid[u], message[u]);
+        if constexpr (KIND == kDot) {
+          load_row<VEC>(p.key_src, neighbour[u], geo, lane, valid[u], key[u]);
+          if (p.edge) {
+            Chunks<VEC> feature;
+            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            add_to<VEC>(key[u], feature);
+            add_to<VEC>(message[u], feature);
+          }
+          partial[u] = dot<VEC>(target, key[u]);
+        } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+          for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) key[u][k][v] = message[u][k][v] + target[k][v];
+          if (p.edge) {
+            Chunks<VEC> feature;
+            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            add_to<VEC>(key[u], feature);
+          }
+          partial[u] = gatv2_partial<VEC>(att, key[u], p.slope);
+        } else {
+          const bool use = valid[u] && lane.head_ok;
+          z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, use) + alpha_dst;
+          if (p.edge) z[u] += load_scalar(p.edge, edge[u], geo, lane.head, use);
+        }
+        message_dot[u] = dot<VEC>(grad, message[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float score;
+        if constexpr (KIND == kGat) {
+          score = leaky_relu(z[u], p.slope);
+        } else {
+          score = head_sum(partial[u], geo.lanes_per_head) * p.scale;
+        }
+        const float dp = head_sum(message_dot[u], geo.lanes_per_head);
+        if (!valid[u]) continue;
+        const float prob = __expf(score - row_lse);
+        const float r = prob * dropout.weight(edge[u], lane.head) * dp;
+        delta += r;
+        if constexpr (KIND == kDot) {
+          add_scaled<VEC>(weighted, r, key[u]);
+          add_scaled<VEC>(plain, prob, key[u]);
+        } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+          for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+              const float slope_term = att[k][v] * leaky_relu_grad(key[u][k][v], p.slope);
+              const float activation = leaky_relu(key[u][k][v], p.slope);
+              weighted[k][v] += r * slope_term;
+              plain[k][v] += prob * slope_term;
+              att_weighted[k][v] += r * activation;
+              att_plain[k][v] += prob * activation;
+            }
+        } else {
+          const float slope_term = leaky_relu_grad(z[u], p.slope);
+          scalar_weighted += r * slope_term;
+          scalar_plain += prob * slope_term;
+        }
+      }
+    });
+
+    if (item.partial < 0) {
+      if (writer) p.delta_out[item.row * geo.heads + lane.head] = delta;
+      if constexpr (KIND == kGat) {
+        if (writer)
+          p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_weighted - delta * scalar_plain);
       } else {
-        if constexpr (KIND != kGat) store_row<VEC>(p.part_vec, item.partial, geo, lane, target_grad);
-        if (KIND == kGat && writer) p.part_scalar[item.partial * geo.heads + lane.head] = scalar_grad;
+        const float scale = KIND == kDot ? p.scale : 1.f;
+        Chunks<VEC> result;
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            result[k][v] = scale * (weighted[k][v] - delta * plain[k][v]);
+            att_grad[k][v] += att_weighted[k][v] - delta * att_plain[k][v];
+          }
+        store_row<VEC>(p.grad_vec, item.row, geo, lane, result);
+      }
+    } else {
+      if (writer) p.part_delta[item.partial * geo.heads + lane.head] = delta;
+      if constexpr (KIND == kGat) {
+        if (writer) {
+          p.part_scalar[item.partial * geo.heads + lane.head] = scalar_weighted;
+          p.part_scalar2[item.partial * geo.heads + lane.head] = scalar_plain;
+        }
+      } else {
+        store_row<VEC>(p.part_vec, item.partial, geo, lane, weighted);
+        store_row<VEC>(p.part_vec2, item.partial, geo, lane, plain);
+        if constexpr (KIND == kGatV2) {
+          store_row<VEC>(p.part_att, item.partial, geo, lane, att_weighted);
+          store_row<VEC>(p.part_att2, item.partial, geo, lane, att_plain);
+        }
       }
     }
   }
@@ -506,6 +528,37 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(
       for (int w = 0; w < kWarpsPerBlock; ++w) sum += shared[w][kv][owner];
       p.att_partial[(static_cast<int64_t>(blockIdx.x) * geo.heads + head) * geo.channels + col] = sum;
     }
+  }
+}
+
+// Heavy rows of the target-side pass: add the tiles' sums in tile order, then
+// combine them with the row's complete delta. `per_head` values per head
+// (C, or 1 for GAT's alpha_dst); GATv2's attention-vector share of the row
+// goes to att_rows[j] (summed with the block partials on the host).
+template <typename scalar_t>
+__global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int per_head, float scale,
+                                           const float* __restrict__ part_delta, const float* __restrict__ weighted,
+                                           const float* __restrict__ plain, const float* __restrict__ att_weighted,
+                                           const float* __restrict__ att_plain, scalar_t* __restrict__ grad,
+                                           float* __restrict__ delta_out, float* __restrict__ att_rows) {
+  const int64_t row = s.heavy_rows[blockIdx.x];
+  const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
+  const int64_t width = static_cast<int64_t>(heads) * per_head;
+  for (int64_t f = threadIdx.x; f < width; f += blockDim.x) {
+    const int head = static_cast<int>(f / per_head);
+    float delta = 0.f, sum_weighted = 0.f, sum_plain = 0.f, sum_att_weighted = 0.f, sum_att_plain = 0.f;
+    for (int64_t t = first; t < last; ++t) {
+      delta += part_delta[t * heads + head];
+      sum_weighted += weighted[t * width + f];
+      sum_plain += plain[t * width + f];
+      if (att_rows != nullptr) {
+        sum_att_weighted += att_weighted[t * width + f];
+        sum_att_plain += att_plain[t * width + f];
+      }
+    }
+    grad[row * width + f] = static_cast<scalar_t>(scale * (sum_weighted - delta * sum_plain));
+    if (f % per_head == 0) delta_out[row * heads + head] = delta;
+    if (att_rows != nullptr) att_rows[blockIdx.x * width + f] = sum_att_weighted - delta * sum_att_plain;
   }
 }
 
@@ -600,14 +653,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(
         add_scaled<VEC>(source_grad, prob * drop, grad[u]);
         if constexpr (KIND == kDot) {
           add_scaled<VEC>(key_grad, score_grad * p.scale, target[u]);
+          if (p.grad_edge) {
+            Chunks<VEC> edge_grad;
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+#pragma unroll
+              for (int v = 0; v < VEC; ++v)
+                edge_grad[k][v] = score_grad * p.scale * target[u][k][v] + prob * drop * grad[u][k][v];
+            store_row<VEC>(p.grad_edge, edge[u], geo, lane, edge_grad);
+          }
         } else if constexpr (KIND == kGatV2) {
+          Chunks<VEC> hidden_grad;
 #pragma unroll
           for (int k = 0; k < K; ++k)
 #pragma unroll
             for (int v = 0; v < VEC; ++v)
-              source_grad[k][v] += score_grad * att[k][v] * leaky_relu_grad(hidden[u][k][v], p.slope);
+              hidden_grad[k][v] = score_grad * att[k][v] * leaky_relu_grad(hidden[u][k][v], p.slope);
+          add_to<VEC>(source_grad, hidden_grad);
+          if (p.grad_edge) store_row<VEC>(p.grad_edge, edge[u], geo, lane, hidden_grad);
         } else {
-          scalar_grad += score_grad * leaky_relu_grad(z[u], p.slope);
+          const float z_grad = score_grad * leaky_relu_grad(z[u], p.slope);
+          scalar_grad += z_grad;
+          if (p.grad_edge && lane.head_ok && lane.in_head == 0)
+            p.grad_edge[edge[u] * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
         }
       }
     });
@@ -859,15 +927,14 @@ void sum_tiles(const RowSchedule& s, int64_t width, const at::Tensor& partial, c
 // per block: with 4 rows per warp that is E / 32-row blocks, far below N x H x C.
 constexpr int kGatV2RowsPerWarp = 4;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
     const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& msg_src,
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
-    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& out,
-    const at::Tensor& grad_out, const at::Tensor& lse, double negative_slope, double scale, double dropout,
-    int64_t seed, int64_t offset) {
+    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
+    const at::Tensor& lse, double negative_slope, double scale, double dropout, int64_t seed, int64_t offset) {
   const char* op = kBackwardTarget;
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
@@ -875,23 +942,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_ta
   check_graph(op, indices, eid, num_edges);
   const Features f =
       check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge);
-  check_tensor(op, "out", out, f.dtype, {num_dst, f.heads, f.channels});
   check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
   check_tensor(op, "lse", lse, at::kFloat, {num_dst, f.heads});
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
   const int64_t tiles = schedule.num_tiles;
+  const int64_t per_head = kind == kGat ? 1 : f.channels;
 
-  at::Tensor grad_dst = kind == kGat ? at::empty({num_dst, f.heads}, msg_src.options())
-                                     : at::empty({num_dst, f.heads, f.channels}, msg_src.options());
-  at::Tensor grad_edge = edge.has_value() ? at::empty_like(*edge) : at::empty({0}, msg_src.options());
+  at::Tensor grad_dst = at::empty({num_dst, f.heads * per_head}, msg_src.options());
   at::Tensor delta = at::empty({num_dst, f.heads}, float_options);
-  at::Tensor part_vec = at::empty({kind == kGat ? 0 : tiles, f.heads, f.channels}, float_options);
-  at::Tensor part_scalar = at::empty({kind == kGat ? tiles : 0, f.heads}, float_options);
-  std::initializer_list<const at::Tensor*> extra = {&out, &grad_out, &grad_dst};
-  int vec = vector_width(f, extra);
-  if (edge.has_value() && kind != kGat && reinterpret_cast<uintptr_t>(grad_edge.data_ptr()) % (4 * at::elementSize(f.dtype)))
-    vec = 1;
+  at::Tensor part_delta = at::empty({tiles, f.heads}, float_options);
+  at::Tensor part_weighted = at::empty({tiles, f.heads * per_head}, float_options);
+  at::Tensor part_plain = at::empty({tiles, f.heads * per_head}, float_options);
+  const int64_t att_tiles = kind == kGatV2 ? tiles : 0;
+  at::Tensor part_att_weighted = at::empty({att_tiles, f.heads * f.channels}, float_options);
+  at::Tensor part_att_plain = at::empty({att_tiles, f.heads * f.channels}, float_options);
+  at::Tensor att_rows = at::empty({kind == kGatV2 ? schedule.num_heavy : 0, f.heads * f.channels}, float_options);
+  const int vec = vector_width(f, {&grad_out, &grad_dst});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor grad_att = at::empty({0}, msg_src.options());
 
@@ -899,33 +966,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_ta
     Params<scalar_t> p = make_params<scalar_t>(f, schedule, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     p.items_per_warp = kind == kGatV2 ? kGatV2RowsPerWarp : 1;
     const dim3 grid = first_pass_grid(schedule, p.geo, p.items_per_warp);
-    at::Tensor att_partial = at::empty({kind == kGatV2 ? static_cast<int64_t>(grid.x) : 0, f.heads, f.channels}, float_options);
-    p.out_in = out.data_ptr<scalar_t>();
+    at::Tensor att_partial =
+        at::empty({kind == kGatV2 ? static_cast<int64_t>(grid.x) : 0, f.heads * f.channels}, float_options);
     p.grad_out = grad_out.data_ptr<scalar_t>();
     p.lse_in = lse.data_ptr<float>();
     p.grad_vec = kind == kGat ? nullptr : grad_dst.data_ptr<scalar_t>();
     p.grad_scalar = kind == kGat ? grad_dst.data_ptr<scalar_t>() : nullptr;
-    p.grad_edge = edge.has_value() ? grad_edge.data_ptr<scalar_t>() : nullptr;
     p.delta_out = delta.data_ptr<float>();
     p.att_partial = att_partial.data_ptr<float>();
-    p.part_vec = part_vec.data_ptr<float>();
-    p.part_scalar = part_scalar.data_ptr<float>();
+    p.part_delta = part_delta.data_ptr<float>();
+    p.part_vec = part_weighted.data_ptr<float>();
+    p.part_vec2 = part_plain.data_ptr<float>();
+    p.part_scalar = part_weighted.data_ptr<float>();
+    p.part_scalar2 = part_plain.data_ptr<float>();
+    p.part_att = part_att_weighted.data_ptr<float>();
+    p.part_att2 = part_att_plain.data_ptr<float>();
     if (grid.x > 0) {
       GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
         backward_target_kernel<KIND, VEC, scalar_t><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     }
-    if (kind == kGat)
-      sum_tiles<scalar_t>(schedule, f.heads, part_scalar, grad_dst, stream);
-    else
-      sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec, grad_dst, stream);
-    if (kind == kGatV2) grad_att = att_partial.sum(0).to(f.dtype);
+    if (schedule.num_heavy > 0) {
+      finish_target_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), kMergeThreads, 0, stream>>>(
+          schedule, static_cast<int>(f.heads), static_cast<int>(per_head), kind == kDot ? p.scale : 1.f,
+          p.part_delta, p.part_vec, p.part_vec2, p.part_att, p.part_att2, grad_dst.data_ptr<scalar_t>(), p.delta_out,
+          kind == kGatV2 ? att_rows.data_ptr<float>() : nullptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (kind == kGatV2) grad_att = (att_partial.sum(0) + att_rows.sum(0)).view({f.heads, f.channels}).to(f.dtype);
   });
-  return {grad_dst, grad_att, grad_edge, delta};
+  if (kind != kGat) grad_dst = grad_dst.view({num_dst, f.heads, f.channels});
+  return {grad_dst, grad_att, delta};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
     const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& msg_src,
@@ -954,10 +1029,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
   at::Tensor grad_msg = at::empty({num_src, f.heads, f.channels}, msg_src.options());
   at::Tensor grad_key = at::empty({kind == kDot ? num_src : 0, f.heads, f.channels}, msg_src.options());
   at::Tensor grad_scalar = at::empty({kind == kGat ? num_src : 0, f.heads}, msg_src.options());
+  at::Tensor grad_edge = edge.has_value() ? at::empty_like(*edge) : at::empty({0}, msg_src.options());
   at::Tensor part_vec = at::empty({tiles, f.heads, f.channels}, float_options);
   at::Tensor part_vec2 = at::empty({kind == kDot ? tiles : 0, f.heads, f.channels}, float_options);
   at::Tensor part_scalar = at::empty({kind == kGat ? tiles : 0, f.heads}, float_options);
-  const int vec = kind == kDot ? vector_width(f, {&grad_out, &grad_msg, &grad_key}) : vector_width(f, {&grad_out, &grad_msg});
+  const int vec = vector_width(f, {&grad_out, &grad_msg, &grad_key, &grad_edge});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
@@ -968,6 +1044,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
     p.grad_vec = grad_msg.data_ptr<scalar_t>();
     p.grad_vec2 = kind == kDot ? grad_key.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_scalar.data_ptr<scalar_t>() : nullptr;
+    p.grad_edge = edge.has_value() ? grad_edge.data_ptr<scalar_t>() : nullptr;
     p.part_vec = part_vec.data_ptr<float>();
     p.part_vec2 = part_vec2.data_ptr<float>();
     p.part_scalar = part_scalar.data_ptr<float>();
@@ -982,7 +1059,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
     if (kind == kDot) sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec2, grad_key, stream);
     if (kind == kGat) sum_tiles<scalar_t>(schedule, f.heads, part_scalar, grad_scalar, stream);
   });
-  return {grad_msg, grad_key, grad_scalar};
+  return {grad_msg, grad_key, grad_scalar, grad_edge};
 }
 
 // (seed, offset) for `increment` Philox draws per thread from the current
@@ -1013,10 +1090,9 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   scores fp32 [E, H] raw scores when return_scores is 1, or 2 for -inf on
 //   dropped edges; [0, H] otherwise).
 // attention_backward_target -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
-//   grad of att [H, C] (GATv2, else empty), grad of edge (else empty),
-//   delta fp32 [Nd, H] for the source pass).
+//   grad of att [H, C] (GATv2, else empty), delta fp32 [Nd, H] for the source pass).
 // attention_backward_source -> (grad of msg_src, grad of key_src (dot, else
-//   empty), grad of src_scalar (GAT, else empty)).
+//   empty), grad of src_scalar (GAT, else empty), grad of edge (else empty)).
 // Deterministic; no atomics.
 #define GNNIO_ATTENTION_GRAPH_ARGS                                                                          \
   "Tensor indptr, Tensor indices, Tensor eid, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, " \
@@ -1028,11 +1104,11 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_target(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
-        "Tensor out, Tensor grad_out, Tensor lse, float negative_slope, float scale, float dropout, int seed, "
-        "int offset) -> (Tensor, Tensor, Tensor, Tensor)");
+        "Tensor grad_out, Tensor lse, float negative_slope, float scale, float dropout, int seed, int offset) "
+        "-> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_source(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "Tensor grad_out, Tensor lse, Tensor delta, float negative_slope, float scale, float dropout, int seed, "
-        "int offset) -> (Tensor, Tensor, Tensor)");
+        "int offset) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
 }
 

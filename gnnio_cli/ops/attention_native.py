@@ -3,9 +3,11 @@
 Each function here takes the same arguments as its public op in
 :mod:`gnnio_cli.ops.attention` (already validated there) and returns the same
 result. Score, softmax and weighted sum run fused in one pass per target row;
-only ``lse[t, h]`` (log of the softmax denominator) is kept for backward, which
-recomputes the scores: once along the CSR for the target-side gradients, once
-along the CSC for the source-side ones. Results are deterministic (no atomics).
+only the inputs and ``lse[t, h]`` (log of the softmax denominator) are kept for
+backward, which recomputes the scores: once along the CSR for the target-side
+gradients and ``delta[t, h] = <grad_out[t, h], out[t, h]>`` (summed in fp32 from
+the recomputed terms, never from a rounded 16-bit output), once along the CSC
+for the source-side and per-edge ones. Results are deterministic (no atomics).
 
 Schedule, chosen per graph from its degree profile and cached on the Graph:
 rows with at most ``tile_edges`` in-edges are handled by one warp each
@@ -157,19 +159,19 @@ class _FusedAttention(torch.autograd.Function):
             call.kind, *call.csr_args(), *tensors, *call.score_args(), call.return_scores
         )
         ctx.call = call
-        ctx.save_for_backward(*tensors, out, lse)
+        ctx.save_for_backward(*tensors, lse)
         ctx.mark_non_differentiable(lse, scores)
         return out, lse, scores
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse, _grad_scores):
         call: _Call = ctx.call
-        *tensors, out, lse = ctx.saved_tensors
+        *tensors, lse = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        grad_dst, grad_att, grad_edge, delta = torch.ops.gnnio.attention_backward_target(
-            call.kind, *call.csr_args(), *tensors, out, grad_out, lse, *call.score_args()
+        grad_dst, grad_att, delta = torch.ops.gnnio.attention_backward_target(
+            call.kind, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
         )
-        grad_msg, grad_key, grad_src_scalar = torch.ops.gnnio.attention_backward_source(
+        grad_msg, grad_key, grad_src_scalar, grad_edge = torch.ops.gnnio.attention_backward_source(
             call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args()
         )
         has_edge = tensors[6] is not None
