@@ -131,17 +131,73 @@ def run_attention_suite(graphs, out: Path) -> list[Verdict]:
     return verdicts
 
 
+class _TwoLayerGATv2(torch.nn.Module):
+    """A model written for PyG: two GATv2Conv layers, as a user would write it."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        import torch_geometric.nn as pyg_nn
+
+        self.conv1 = pyg_nn.GATv2Conv(width, width // heads, heads=heads)
+        self.conv2 = pyg_nn.GATv2Conv(width, width // heads, heads=heads)
+
+    def forward(self, x, edge_index):
+        return self.conv2(torch.relu(self.conv1(x, edge_index)), edge_index)
+
+
+def run_dropin_suite(graphs, out: Path) -> list[Verdict]:
+    """Issue 5: an unchanged PyG model, with and without patch_pyg(), on the same inputs and weights."""
+    from gnnio_cli.bench.timing import peak_memory_bytes, time_call
+    from gnnio_cli.graph import catalog
+    from gnnio_cli.nn import patch_pyg
+
+    verdicts, device, width, heads = [], torch.device("cuda"), 128, 4
+    for graph_name in graphs[:1]:
+        graph = catalog.resolve(graph_name).graph.to(device)
+        edge_index = graph.edge_index()
+        x = torch.randn(graph.num_nodes, width, device=device)
+        torch.manual_seed(0)
+        pyg_model = _TwoLayerGATv2(width, heads).to(device)
+        with patch_pyg():
+            patched_model = _TwoLayerGATv2(width, heads).to(device)
+        patched_model.load_state_dict(pyg_model.state_dict(), strict=True)
+        grad = torch.randn(graph.num_nodes, width, device=device)
+        document = {"graph": graph_name, "model": "2 x GATv2Conv(128, 32, heads=4)"}
+        outputs = {}
+        for label, model in (("patched", patched_model), ("pyg", pyg_model)):
+            def step(model=model):
+                model.zero_grad(set_to_none=True)
+                out = model(x, edge_index)
+                out.backward(grad)
+                return out
+            timing = time_call(step, device, warmup=2, repeat=5)
+            document[label] = {"train_ms": asdict(timing), "peak_train_mib": peak_memory_bytes(step, device) / 2**20}
+            with torch.no_grad():
+                outputs[label] = model(x, edge_index).float()
+        error = float(((outputs["patched"] - outputs["pyg"]).abs().max() / outputs["pyg"].abs().max()).item())
+        document["max_rel_error"] = error
+        speedup = document["pyg"]["train_ms"]["median_ms"] / document["patched"]["train_ms"]["median_ms"]
+        document["speedup"] = speedup
+        _write(out / f"dropin_{graph_name}.json", document)
+        verdicts.append(Verdict("dropin", graph_name, "2-layer GATv2 model train speedup with patch_pyg", speedup, 10.0,
+                                speedup >= 10.0))
+        verdicts.append(Verdict("dropin", graph_name, "patched vs PyG output max rel. error", error, 1e-3, error <= 1e-3))
+        del pyg_model, patched_model, outputs
+        torch.cuda.empty_cache()
+    return verdicts
+
+
 def _write(path: Path, document: dict) -> None:
     path.write_text(json.dumps(document, indent=1))
 
 
-SUITES = {"spmm": run_spmm_suite, "attention": run_attention_suite}
+SUITES = {"spmm": run_spmm_suite, "attention": run_attention_suite, "dropin": run_dropin_suite}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--suite", default="spmm,attention")
+    parser.add_argument("--suite", default="spmm,attention,dropin")
     parser.add_argument("--graphs", default="rmat20,uniform20,grid1024")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
