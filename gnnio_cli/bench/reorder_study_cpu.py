@@ -16,6 +16,7 @@ The numbers go into docs/BENCHMARKS.md under "Reordering on CPU (issue 6)".
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -82,6 +83,26 @@ def measure_methods(name: str, graph: Graph, methods, cache: CacheModel, seed: i
     return results
 
 
+def machine_description() -> str:
+    """CPU model, core count and load average: the shared CPU machines are often busy, which slows every method."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return f"{model}, {os.cpu_count()} cores, load average {load}"
+
+
+def markdown_table(results: list[MethodResult], planted_rate: float | None = None) -> str:
+    lines = ["| graph | order | seconds | hit rate | mean log2(1+gap) |", "| --- | --- | ---: | ---: | ---: |"]
+    if planted_rate is not None:
+        lines.append(f"| {results[0].graph} | planted | - | {planted_rate:.3f} | - |")
+    lines += [f"| {r.graph} | {r.method} | {r.seconds:.2f} | {r.cache_hit_rate:.3f} | {r.mean_log2_gap:.2f} |" for r in results]
+    return "\n".join(lines)
+
+
 def _warm_up_compilation() -> None:
     """Run every numba kernel once on a tiny graph, so timings exclude JIT compilation."""
     tiny, _ = planted_partition(4, 8, 3.0, 1.0, seed=1)
@@ -101,8 +122,8 @@ def main(argv=None) -> None:
     parser.add_argument("--l2-mb", type=float, default=50.0)
     args = parser.parse_args(argv)
     cache = CacheModel(args.features, args.dtype, args.l2_mb)
-    print(f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
-          f"numba threads n/a (sequential); date {time.strftime('%Y-%m-%d')}")
+    print(f"date {time.strftime('%Y-%m-%d %H:%M')}; machine: {machine_description()}")
+    print(f"cache model: {cache}, {cache.capacity_entries} entries of {cache.entry_bytes} B")
     _warm_up_compilation()
 
     from gnnio_cli.graph.generate import standard_graph
@@ -122,6 +143,10 @@ def main(argv=None) -> None:
     results = {r.method: r for r in measure_methods(name, sbm, METHODS, cache)}
     rabbit_rate, random_rate = results["rabbit"].cache_hit_rate, results["random"].cache_hit_rate
     print(f"  rabbit / planted hit rate: {rabbit_rate / planted_rate:.3f}; rabbit / random: {rabbit_rate / random_rate:.2f}")
+    print(f"finished; machine: {machine_description()}\n")
+    print(markdown_table(timed))
+    print()
+    print(markdown_table(list(results.values()), planted_rate))
 
 
 if __name__ == "__main__":
