@@ -26,7 +26,7 @@ def cache_options(fn):
             click.option("--dtype", type=click.Choice(list(DTYPE_BYTES)), default="fp32", show_default=True),
             click.option("--l2-mb", default=DEFAULT_L2_MB, show_default=True, type=click.FloatRange(min=0, min_open=True),
                          help="Size of the simulated LRU cache in MiB (the GPU's L2; 50 on H100)."),
-            click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random order (the control)."),
+            click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random order shown as the control (and of reorder's --method random)."),
         ]
     ):
         fn = decorator(fn)
