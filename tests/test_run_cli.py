@@ -50,7 +50,7 @@ def test_run_table_and_no_backward(small_graph_file):
     result = invoke("run", "--layer", "gcn", "--graph", small_graph_file, "--features", "8", "--device", "cpu",
                     "--no-backward", "--repeat", "2")
     assert result.exit_code == 0, result.output
-    assert "Timing (ms)" in result.output and "reference" in result.output
+    assert "Timing and peak memory" in result.output and "reference" in result.output
 
 
 def test_compare_reference_json(small_graph_file):
