@@ -95,3 +95,18 @@ def test_cuda_requested_without_gpu(small_graph_file):
     assert completed.stderr.strip().splitlines() == [
         "gnnio: error: --device cuda: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); use --device cpu"
     ]
+
+
+def test_compare_reorder_and_shuffled_graph():
+    result = invoke("compare", "--layer", "sage-sum", "--graph", "grid8+shuffled", "--reorder", "none,rcm,random",
+                    "--features", "4", "--device", "cpu", "--against", "reference", "--repeat", "2", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["graph"]["name"] == "grid8+shuffled" and document["graph"]["num_edges"] == 2 * 2 * 8 * 7
+    assert [entry["method"] for entry in document["reorders"]] == ["none", "rcm", "random"]
+    none, rcm, _ = document["reorders"]
+    assert rcm["reorder_seconds"] > 0
+    # RCM recovers a banded order from the shuffled grid.
+    assert rcm["locality"]["bandwidth"] < none["locality"]["bandwidth"]
+    for run in none["results"][0]["runs"]:
+        assert run["saved_ms_per_step"] == 0 and run["payback_steps"] is None

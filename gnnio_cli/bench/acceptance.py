@@ -187,11 +187,47 @@ def run_dropin_suite(graphs, out: Path) -> list[Verdict]:
     return verdicts
 
 
+STUDY_ORDERS = ["none", "rcm", "degree", "rabbit", "random"]
+STUDY_LAYERS = ["sage-sum", "sage-max", "gatv2"]
+
+
+def run_study_suite(graphs, out: Path) -> list[Verdict]:
+    """Issue 6: each node order through SpMM (cuSPARSE), max aggregation and GATv2, with its cost and payback.
+
+    The grid starts from randomly permuted ids (what a file with arbitrary ids
+    gives); the criterion: RCM and Rabbit bring SpMM and GATv2 to within 1.2x
+    of the natural row-major grid order.
+    """
+    verdicts = []
+    for graph in graphs:
+        spec = f"{graph}+shuffled" if graph.startswith("grid") else graph
+        result = report.compare(layers=STUDY_LAYERS, graph_spec=spec, against=["cusparse"], scope="aggregation",
+                                features=128, heads=4, dtype="fp32", device="cuda", backward=True, repeat=10,
+                                warmup=3, seed=0, reorders=STUDY_ORDERS)
+        _write(out / f"study_{graph}.json", result)
+        if graph.startswith("grid"):
+            natural = _compare(graph, ["gatv2"], ["cusparse"], "aggregation")
+            _write(out / f"study_{graph}_natural.json", natural)
+            natural_runs = _runs(natural["results"][0])
+            gatv2_index = STUDY_LAYERS.index("gatv2")
+            for entry in result["reorders"]:
+                if entry["method"] not in ("rcm", "rabbit"):
+                    continue
+                runs = _runs(entry["results"][gatv2_index])
+                for label, name in (("cusparse", "SpMM"), ("gnnio", "GATv2")):
+                    ratio = _median(runs[label], "forward") / _median(natural_runs[label], "forward")
+                    verdicts.append(Verdict("study", graph, f"{entry['method']} {name} fwd / natural order", ratio,
+                                            1.2, ratio <= 1.2))
+        torch.cuda.empty_cache()
+    return verdicts
+
+
 def _write(path: Path, document: dict) -> None:
     path.write_text(json.dumps(document, indent=1))
 
 
-SUITES = {"spmm": run_spmm_suite, "attention": run_attention_suite, "dropin": run_dropin_suite}
+SUITES = {"spmm": run_spmm_suite, "attention": run_attention_suite, "dropin": run_dropin_suite,
+          "study": run_study_suite}
 
 
 def main(argv=None) -> int:

@@ -18,6 +18,7 @@ from gnnio_cli.bench.measure import Measurement, measure
 from gnnio_cli.bench.timing import copy_bandwidth_gbs
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import catalog
+from gnnio_cli.graph.locality import CacheModel
 
 MIB = float(1 << 20)
 TIMING_COLUMNS = ["phase", "median ms", "min ms", "max ms", "peak MiB"]
@@ -193,28 +194,80 @@ def compare_layer(named: catalog.NamedGraph, settings: workloads.Settings, again
     return {"layer": settings.layer, "settings": asdict(settings), "scope": scope, "runs": runs}
 
 
-def compare(*, layers, graph_spec, against, scope, features, heads, dtype, device, backward, repeat, warmup, seed) -> dict:
-    """`gnnio compare`: every layer in `layers` through gnnio and each target, one process, one graph."""
+def compare(*, layers, graph_spec, against, scope, features, heads, dtype, device, backward, repeat, warmup, seed,
+            reorders=()) -> dict:
+    """`gnnio compare`: every layer in `layers` through gnnio and each target, one process, one graph.
+
+    With `reorders` (method names of `gnnio reorder`), the whole comparison is
+    repeated on the graph relabelled by each method; each entry records the
+    time the order took to compute and, against the first order listed, the
+    training steps it takes to pay that time back.
+    """
     device_name = default_device(device)
     torch_device = workloads.check_device(device_name)
     named = catalog.resolve(graph_spec)
     bandwidth = copy_bandwidth_gbs(torch_device)
-    results = []
-    for layer in layers:
-        settings = workloads.Settings(layer=layer, features=features, heads=heads, dtype=dtype, device=device_name, seed=seed)
-        results.append(compare_layer(named, settings, against, scope=scope, backward=backward, repeat=repeat,
-                                     warmup=warmup, bandwidth=bandwidth))
-        if torch_device.type == "cuda":
-            torch.cuda.empty_cache()
-    return {
+
+    def compare_all(graph: catalog.NamedGraph) -> list[dict]:
+        results = []
+        for layer in layers:
+            settings = workloads.Settings(layer=layer, features=features, heads=heads, dtype=dtype, device=device_name,
+                                          seed=seed)
+            results.append(compare_layer(graph, settings, against, scope=scope, backward=backward, repeat=repeat,
+                                         warmup=warmup, bandwidth=bandwidth))
+            if torch_device.type == "cuda":
+                torch.cuda.empty_cache()
+        return results
+
+    document = {
         "command": "compare",
         "graph": graph_summary(named),
         "environment": environment(torch_device),
         "copy_bandwidth_gbs": bandwidth,
         "against": against,
         "scope": scope,
-        "results": results,
     }
+    if not reorders:
+        document["results"] = compare_all(named)
+        return document
+    cache = CacheModel(features=features, dtype=dtype)
+    document["reorders"] = [_compare_reordered(named, method, seed, cache, compare_all) for method in reorders]
+    _add_payback(document["reorders"])
+    return document
+
+
+def _compare_reordered(named: catalog.NamedGraph, method: str, seed: int, cache: CacheModel, compare_all) -> dict:
+    from gnnio_cli.graph.locality import locality
+    from gnnio_cli.graph.reorder import reorder
+
+    permutation = reorder(named.graph, method, seed)
+    graph = named.graph.to("cpu").permute(permutation.new_to_old)
+    metrics = locality(graph, cache=cache)
+    relabelled = catalog.NamedGraph(f"{named.name} ({method})", graph, named.origin)
+    return {"method": method, "reorder_seconds": permutation.seconds, "locality": asdict(metrics),
+            "results": compare_all(relabelled)}
+
+
+def _add_payback(entries: list[dict]) -> None:
+    """Training steps after which each order's compute time is repaid, relative to the first order listed."""
+    baseline = entries[0]
+    for entry in entries:
+        for result, base in zip(entry["results"], baseline["results"]):
+            for run, base_run in zip(result["runs"], base["runs"]):
+                phase = "train_ms" if run["train_ms"] else "forward_ms"
+                saved_ms = base_run[phase]["median_ms"] - run[phase]["median_ms"]
+                run["saved_ms_per_step"] = saved_ms
+                run["payback_steps"] = entry["reorder_seconds"] * 1e3 / saved_ms if saved_ms > 0 else None
+
+
+def reorder_row(method: str, reorder_seconds: float, locality: dict, run: dict) -> list:
+    train = run["train_ms"] or {}
+    return [method, run["label"], reorder_seconds, locality["cache_hit_rate"], run["forward_ms"]["median_ms"],
+            train.get("median_ms"), run.get("saved_ms_per_step"), run.get("payback_steps")]
+
+
+REORDER_COLUMNS = ["order", "run", "reorder s", "sim. L2 hit rate", "fwd ms", "fwd+bwd ms", "saved ms/step",
+                   "payback steps"]
 
 
 def compare_row(run: dict) -> list:

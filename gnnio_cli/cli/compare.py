@@ -21,10 +21,15 @@ def _split(ctx, param, value):
                    "same width: the bandwidth yardstick), pyg (PyG 2.8's layer with the same weights; --scope layer).")
 @click.option("--scope", type=click.Choice(["aggregation", "layer"]), default="aggregation", show_default=True,
               help="aggregation: the op alone (no projections); layer: the whole layer.")
+@click.option("--reorder", "reorders", default="", callback=_split,
+              help="Repeat the comparison on the graph relabelled by each of these orders (e.g. "
+                   "none,rcm,degree,rabbit,random): time per order, the order's cost, and the training "
+                   "steps that repay it relative to the first order listed.")
 @options.workload_options
 @options.timing_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def command(layers, graph, against, scope, features, heads, dtype, device, backward, repeat, warmup, seed, as_json):
+def command(layers, graph, against, scope, reorders, features, heads, dtype, device, backward, repeat, warmup, seed,
+            as_json):
     """Compare gnnio with the reference, cuSPARSE and PyG on one graph, in one process.
 
     For each layer: forward and forward+backward time, peak memory, the ratio
@@ -40,7 +45,7 @@ def command(layers, graph, against, scope, features, heads, dtype, device, backw
             raise GnnioError(f"--layer {layer}: unknown layer; choose from {', '.join(LAYERS)}")
     result = report.compare(layers=layers, graph_spec=graph, against=against, scope=scope, features=features,
                             heads=heads, dtype=dtype, device=device, backward=backward, repeat=repeat,
-                            warmup=warmup, seed=seed)
+                            warmup=warmup, seed=seed, reorders=reorders)
     if as_json:
         emit_json(result)
         return
@@ -51,6 +56,12 @@ def command(layers, graph, against, scope, features, heads, dtype, device, backw
         ("scope", result["scope"]),
         ("copy bandwidth", "-" if result["copy_bandwidth_gbs"] is None else f"{result['copy_bandwidth_gbs']:,.0f} GB/s"),
     ]))
+    if reorders:
+        for index, layer in enumerate(layers):
+            rows = [report.reorder_row(entry["method"], entry["reorder_seconds"], entry["locality"], run)
+                    for entry in result["reorders"] for run in entry["results"][index]["runs"]]
+            stdout.print(table(f"{layer}: node orders (payback relative to '{reorders[0]}')", report.REORDER_COLUMNS, rows))
+        return
     for entry in result["results"]:
         settings = entry["settings"]
         title = f"{entry['layer']} ({settings['features']} features, {settings['heads']} heads, {settings['dtype']}): times in ms"

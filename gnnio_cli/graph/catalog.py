@@ -7,6 +7,10 @@
   seed: `rmat20`, `uniform20`, `grid1024` (and smaller `rmatN`, `uniformN`,
   `gridN`);
 - nothing: the bundled Cora citation graph in `sample_graphs/`.
+
+Any of these followed by `+shuffled` (e.g. `grid1024+shuffled`) is the same
+graph with its node ids randomly permuted (seed 0): the starting point for
+measuring what a reordering recovers.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from gnnio_cli.graph.graph import Graph
 
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "sample_graphs"
 SAMPLE_GRAPH = SAMPLE_DIR / "cora.edges.txt.gz"
+SHUFFLED = "+shuffled"
 
 
 @dataclass
@@ -31,6 +36,12 @@ class NamedGraph:
 
 def resolve(spec: Optional[str]) -> NamedGraph:
     """The graph `spec` names (see module docstring); errors name what was asked for."""
+    if spec is not None and spec.endswith(SHUFFLED):
+        named = resolve(spec[: -len(SHUFFLED)] or None)
+        from gnnio_cli.graph.locality import random_order
+
+        shuffled = named.graph.to("cpu").permute(random_order(named.graph.num_nodes, seed=0))
+        return NamedGraph(f"{named.name}{SHUFFLED}", shuffled, named.origin)
     if spec is None or spec == "sample":
         return _sample()
     path = Path(spec)
