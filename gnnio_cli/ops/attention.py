@@ -267,7 +267,10 @@ def _softmax_aggregate(
     GATv2) or before it (TransformerConv, AGNN).
     """
     alpha = segment_softmax(graph, scores)
-    dropped = F.dropout(alpha, p=dropout, training=training)
+    dropped = alpha
+    if training and dropout > 0:
+        # The mask is drawn over eid-ordered weights, as PyG draws it, so a seed gives PyG's mask.
+        dropped = eid_to_slot(graph, F.dropout(slot_to_eid(graph, alpha), p=dropout, training=True))
     out = segment_sum(graph, messages * dropped.unsqueeze(-1)).to(out_dtype)
     if not return_attention:
         return out
