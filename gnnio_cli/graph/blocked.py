@@ -165,13 +165,25 @@ class BlockReport:
     edges_in_dense_tiles: float
 
 
+@numba.njit(cache=True)
+def _tile_positions(mask):
+    """Set bits per tile of a uint8 [T, bytes] mask, without unpacking it (tiles can number tens of millions)."""
+    positions = np.zeros(mask.shape[0], dtype=np.int64)
+    for t in range(mask.shape[0]):
+        for byte in mask[t]:
+            while byte:
+                byte &= byte - np.uint8(1)
+                positions[t] += 1
+    return positions
+
+
 def block_report(tiles: dict[str, np.ndarray]) -> BlockReport:
     """Summarise tiles made by `block_tiles`."""
     mask = tiles["tile_mask"]
     num_tiles, block = int(mask.shape[0]), int(mask.shape[1])
     if num_tiles == 0:
         return BlockReport(block, 0, 0, 0.0, 0.0, 0.0, 0, 0.0)
-    positions = np.unpackbits(mask.reshape(num_tiles, -1), axis=1).sum(axis=1, dtype=np.int64)
+    positions = _tile_positions(mask.reshape(num_tiles, -1))
     edges = np.diff(tiles["tile_edge_ptr"])
     dense = positions >= block
     return BlockReport(
