@@ -63,6 +63,22 @@ def test_parallel_chunks_match_a_plain_reference(tmp_path, monkeypatch):
         io.read_edges(path)
 
 
+def test_ids_of_every_width_and_line_shape(tmp_path):
+    """The 8-bytes-at-a-time path (ids up to 7 digits, one separator) and the
+    byte loop (longer ids, runs of blanks, trailing fields, CRLF) agree."""
+    rng = np.random.default_rng(7)
+    widths = rng.integers(1, 19, size=(3000, 2))
+    ids = (rng.random((3000, 2)) * 10.0**widths).astype(np.int64)
+    separators = ["\t", " ", ",", ";", "  ", " , ", "\t\t"]
+    endings = ["\n", "\r\n", "\t7\n", " x y\n", ",0.25\n"]
+    text = "".join(
+        f"{s}{separators[i % len(separators)]}{d}{endings[i % len(endings)]}" for i, (s, d) in enumerate(ids.tolist())
+    )
+    edges = io.read_edges(write(tmp_path / "g.txt", text))
+    np.testing.assert_array_equal(edges.src, ids[:, 0])
+    np.testing.assert_array_equal(edges.dst, ids[:, 1])
+
+
 @pytest.mark.parametrize("separator,suffix", [(",", ".csv"), ("\t", ".tsv")])
 def test_csv_tsv_with_and_without_header(tmp_path, separator, suffix):
     rows = [(5, 6), (7, 8), (0, 9)]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -71,13 +70,28 @@ def _timed(func) -> float:
     return time.perf_counter() - started
 
 
-def _child_peak_rss(args: list[str]) -> tuple[float, int]:
-    """(seconds, peak RSS in bytes) of a child process. The OS reports the
-    largest of all children so far, so call this in increasing order of size."""
+# Runs a gnnio command line, then prints the process's peak RSS (VmHWM, in
+# kB) as the last line. VmHWM belongs to the address space made at exec, so
+# unlike getrusage it does not count the parent's memory the fork shared.
+_PEAK_RSS_CHILD = """
+import sys
+from gnnio_cli.cli import main
+if sys.argv[1:]:
+    main(sys.argv[1:])
+else:
+    import gnnio_cli.cli.convert
+status = open("/proc/self/status").read().split("VmHWM:")[1]
+print(int(status.split()[0]))
+"""
+
+
+def _child_peak_rss(gnnio_args: list[str]) -> tuple[float, int]:
+    """(seconds, peak RSS in bytes) of `gnnio <gnnio_args>` in a child
+    process; no arguments: just the interpreter and gnnio's imports."""
     started = time.perf_counter()
-    subprocess.run(args, check=True)
+    run = subprocess.run([sys.executable, "-c", _PEAK_RSS_CHILD, *gnnio_args], check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return seconds, int(run.stdout.split()[-1]) * 1024
 
 
 def _h5_array_bytes(path: Path) -> int:
@@ -112,12 +126,9 @@ def measure(scale: int, repeat: int, folder: Path) -> ThroughputResult:
     convert_file(str(small), folder / "warmup.h5", force=True)
     pandas_parse(small)
 
-    # Memory first, smaller child first: RUSAGE_CHILDREN reports the largest child so far.
     h5 = folder / f"{name}.h5"
-    _, baseline_rss = _child_peak_rss([sys.executable, "-c", "import gnnio_cli.graph.convert"])
-    cli_s, cli_rss = _child_peak_rss(
-        [sys.executable, "-m", "gnnio_cli", "convert", str(text), "-o", str(h5), "--force", "--quiet"]
-    )
+    _, baseline_rss = _child_peak_rss([])
+    cli_s, cli_rss = _child_peak_rss(["convert", str(text), "-o", str(h5), "--force", "--quiet"])
 
     result = ThroughputResult(
         graph=name,

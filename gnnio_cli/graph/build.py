@@ -130,17 +130,18 @@ def deduplicate(src: np.ndarray, dst: np.ndarray, num_nodes: int):
     return kept_src, expand_rows(indptr), removed
 
 
-def deduplicate_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int):
+def deduplicate_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int, index_dtype=np.int64):
     """Drop repeated (src, dst) pairs, returning the result as rows by target.
 
-    Returns (indptr int64 [num_nodes + 1], sources int64 [E']: each target's
-    distinct sources in order of first occurrence, number of removed edges).
+    Returns (indptr int64 [num_nodes + 1], sources [E'] of `index_dtype`:
+    each target's distinct sources in order of first occurrence, number of
+    removed edges).
     One counting sort groups sources by target; a second pass keeps a
     source only if it has not been seen in the current row (a per-chunk
     `last row seen` table indexed by source, so no sorting is needed).
     """
     num_edges = src.shape[0]
-    indptr, _, sources = group_by(dst, num_nodes, values=src, value_dtype=np.int64, want_order=False)
+    indptr, _, sources = group_by(dst, num_nodes, values=src, value_dtype=index_dtype, want_order=False)
     row_bounds = _row_chunks(indptr, _num_chunks(num_edges, num_nodes))
     seen_dtype = np.int32 if num_nodes <= np.iinfo(np.int32).max else np.int64
     last_row_seen = np.full((row_bounds.shape[0] - 1, num_nodes), -1, dtype=seen_dtype)
@@ -156,9 +157,9 @@ def deduplicate_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int):
         position += length
     kept_indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(row_lengths, out=kept_indptr[1:])
-    if position < num_edges:
+    if position < 0.9 * num_edges:  # else keep the view: a copy costs more than the slack
         sources = sources[:position].copy()
-    return kept_indptr, sources, int(num_edges - position)
+    return kept_indptr, sources[:position], int(num_edges - position)
 
 
 @numba.njit(cache=True, parallel=True, nogil=True)
@@ -194,8 +195,12 @@ def _row_chunks(indptr: np.ndarray, num_chunks: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, parallel=True, nogil=True)
-def _transpose(indptr, indices, num_cols, row_bounds, t_indices, t_eid):
-    """Counting sort of CSR slots by column, chunked by rows (see _group)."""
+def _transpose(indptr, indices, num_cols, row_bounds, packed, t_indices, t_eid):
+    """Counting sort of CSR slots by column, chunked by rows (see _group).
+
+    With a non-empty `packed`, each transposed slot gets one 8-byte write
+    (row << 32 | slot) instead of two scattered writes; _unpack splits it.
+    """
     num_chunks = row_bounds.shape[0] - 1
     histograms = np.zeros((num_chunks, num_cols), dtype=np.int64)
     for chunk in numba.prange(num_chunks):
@@ -210,30 +215,76 @@ def _transpose(indptr, indices, num_cols, row_bounds, t_indices, t_eid):
             histograms[chunk, col] = running
             running += count
     t_indptr[num_cols] = running
+    use_packed = packed.shape[0] > 0
     for chunk in numba.prange(num_chunks):
         for row in range(row_bounds[chunk], row_bounds[chunk + 1]):
             for slot in range(indptr[row], indptr[row + 1]):
                 col = indices[slot]
                 target = histograms[chunk, col]
                 histograms[chunk, col] = target + 1
-                t_indices[target] = row
-                t_eid[target] = slot
+                if use_packed:
+                    packed[target] = (np.uint64(row) << np.uint64(32)) | np.uint64(slot)
+                else:
+                    t_indices[target] = row
+                    t_eid[target] = slot
     return t_indptr
 
 
-def transpose(indptr: np.ndarray, indices: np.ndarray, num_cols: int, index_dtype=np.int64):
+@numba.njit(cache=True, parallel=True, nogil=True)
+def _unpack(packed, t_indices, t_eid):
+    for i in numba.prange(packed.shape[0]):
+        t_indices[i] = packed[i] >> np.uint64(32)
+        t_eid[i] = packed[i] & np.uint64(0xFFFFFFFF)
+
+
+def transpose(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    num_cols: int,
+    index_dtype=np.int64,
+    scratch: Optional[np.ndarray] = None,
+    eid_out: Optional[np.ndarray] = None,
+):
     """The transpose of a compressed structure, with slot ids.
 
     indptr int64 [R + 1], indices int [E] (columns in [0, num_cols)).
     Returns (t_indptr int64 [num_cols + 1], t_indices [E] of `index_dtype`:
     the row of each transposed slot, t_eid int64 [E]: the slot it came from).
     Stable: within a transposed row, rows (and slots) ascend.
+
+    scratch (8-byte items, >= E) and eid_out (int64, >= E): buffers the caller
+    no longer needs, used instead of fresh memory (first-touch page faults
+    of fresh arrays cost as much as the sort itself on some machines).
     """
-    row_bounds = _row_chunks(indptr, _num_chunks(indices.shape[0], num_cols))
-    t_indices = np.empty(indices.shape[0], dtype=index_dtype)
-    t_eid = np.empty(indices.shape[0], dtype=np.int64)
-    t_indptr = _transpose(indptr, indices, int(num_cols), row_bounds, t_indices, t_eid)
+    num_rows = indptr.shape[0] - 1
+    num_slots = indices.shape[0]
+    row_bounds = _row_chunks(indptr, _num_chunks(num_slots, num_cols))
+    t_indices = np.empty(num_slots, dtype=index_dtype)
+    t_eid = eid_out[:num_slots] if eid_out is not None else np.empty(num_slots, dtype=np.int64)
+    fits_32_bits = max(num_rows, num_slots) < (1 << 32)
+    if not fits_32_bits:
+        packed = np.empty(0, dtype=np.uint64)
+    elif scratch is not None:
+        packed = scratch.view(np.uint64)[:num_slots]
+    else:
+        packed = np.empty(num_slots, dtype=np.uint64)
+    t_indptr = _transpose(indptr, indices, int(num_cols), row_bounds, packed, t_indices, t_eid)
+    if fits_32_bits:
+        _unpack(packed, t_indices, t_eid)
     return t_indptr, t_indices, t_eid
+
+
+@numba.njit(cache=True, parallel=True, nogil=True)
+def _fill_positions(out):
+    for i in numba.prange(out.shape[0]):
+        out[i] = i
+
+
+def positions(count: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """int64 [count] = 0, 1, ..., count-1, written into `out[:count]` if given."""
+    target = out[:count] if out is not None else np.empty(count, dtype=np.int64)
+    _fill_positions(target)
+    return target
 
 
 @numba.njit(cache=True, nogil=True)

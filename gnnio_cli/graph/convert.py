@@ -34,7 +34,7 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import io, store
-from gnnio_cli.graph.build import deduplicate_csr, drop_self_loops, transpose
+from gnnio_cli.graph.build import deduplicate_csr, drop_self_loops, positions, transpose
 from gnnio_cli.graph.graph import Graph, index_dtype
 
 SELF_LOOP_CHOICES = ("keep", "drop")
@@ -150,20 +150,21 @@ def assign_node_ids(edges: io.EdgeList, num_nodes: Optional[int]) -> tuple[int, 
 def simple_graph(src: np.ndarray, dst: np.ndarray, num_nodes: int, node_ids=None) -> tuple[Graph, int]:
     """The Graph of the distinct (src, dst) pairs, and how many repeats were dropped.
 
-    src, dst: int64 [E] in [0, num_nodes) (consumed). Edge ids number the
-    distinct pairs grouped by target, in input order within a target, so the
-    CSR is that list itself (eid = 0..E'-1) and the CSC its transpose.
+    src, dst: int64 [E] in [0, num_nodes), consumed: their memory is reused
+    for the result. Edge ids number the distinct pairs grouped by target, in
+    input order within a target, so the CSR is that list itself
+    (eid = 0..E'-1) and the CSC its transpose.
     """
-    csr_indptr, csr_sources, duplicates = deduplicate_csr(src, dst, num_nodes)
-    del src, dst
     np_index = np.int32 if index_dtype(num_nodes) == torch.int32 else np.int64
-    csr_indices = csr_sources.astype(np_index)
-    del csr_sources
-    csc_indptr, csc_indices, csc_eid = transpose(csr_indptr, csr_indices, num_nodes, np_index)
+    src = np.ascontiguousarray(src, dtype=np.int64)
+    dst = np.ascontiguousarray(dst, dtype=np.int64)
+    csr_indptr, csr_indices, duplicates = deduplicate_csr(src, dst, num_nodes, np_index)
+    csc_indptr, csc_indices, csc_eid = transpose(csr_indptr, csr_indices, num_nodes, np_index, scratch=src, eid_out=dst)
+    csr_eid = positions(csr_indices.shape[0], out=src)
     graph = Graph(
         csr_indptr=torch.from_numpy(csr_indptr),
         csr_indices=torch.from_numpy(csr_indices),
-        csr_eid=torch.arange(csr_indices.shape[0], dtype=torch.int64),
+        csr_eid=torch.from_numpy(csr_eid),
         csc_indptr=torch.from_numpy(csc_indptr),
         csc_indices=torch.from_numpy(csc_indices),
         csc_eid=torch.from_numpy(csc_eid),

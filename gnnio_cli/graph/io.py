@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import mmap
+import os
 import re
 import struct
 import sys
@@ -116,12 +118,22 @@ def read_bytes(path: str) -> InputBytes:
             raise GnnioError(f"{path}: is a folder, not an edge list")
         with open(file, "rb") as handle:
             head = handle.read(4)
-        if head.startswith(_GZIP_MAGIC):
-            return InputBytes(_gunzip_file(file), head, None)
-        data = np.fromfile(file, dtype=np.uint8)
+            if head.startswith(_GZIP_MAGIC):
+                return InputBytes(_gunzip_file(file), head, None)
+            data = _map_file(handle)
         return InputBytes(data, head, data)
     except PermissionError:
         raise GnnioError(f"{path}: permission denied") from None
+
+
+def _map_file(handle) -> np.ndarray:
+    """The file's bytes, memory-mapped read-only: parsing reads the page cache
+    directly instead of a private copy (the mapping lives as long as the array)."""
+    size = os.fstat(handle.fileno()).st_size
+    if size == 0:
+        return np.empty(0, dtype=np.uint8)
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return np.frombuffer(mmap.mmap(handle.fileno(), size, flags=flags, prot=mmap.PROT_READ), dtype=np.uint8)
 
 
 def _gunzip_bytes(raw: bytes, name: str) -> bytes:
@@ -181,17 +193,6 @@ def _check_not_binary(path: str, head: bytes, data: np.ndarray) -> None:
 # ------------------------------------------------------------ numba parsing
 
 
-@numba.njit(cache=True, nogil=True)
-def _classify_bad_field(buf, pos):
-    """Why no id starts at buf[pos] (the slow path, once per file)."""
-    byte = buf[pos]
-    if byte == 10 or byte == 13:
-        return _MISSING_FIELD
-    if byte == 45 and 48 <= buf[pos + 1] <= 57:  # '-' then a digit
-        return _NEGATIVE
-    return _NOT_INTEGER
-
-
 @numba.njit(cache=True, nogil=True, inline="always")
 def _is_field_end(byte):
     """Blank, ',', ';' or a line end."""
@@ -199,30 +200,148 @@ def _is_field_end(byte):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _read_decimal(buf, pos):
-    """Digits at buf[pos:] as (value, position after them, digit count)."""
-    value = 0
-    first = pos
-    digit = np.int64(buf[pos]) - 48
-    while 0 <= digit <= 9:
-        value = value * 10 + digit
+def _skip_separator(buf, pos):
+    """Skip blanks, at most one ',' or ';', blanks."""
+    while buf[pos] == 32 or buf[pos] == 9:
         pos += 1
-        digit = np.int64(buf[pos]) - 48
-    return value, pos, pos - first
+    if buf[pos] == 44 or buf[pos] == 59:
+        pos += 1
+        while buf[pos] == 32 or buf[pos] == 9:
+            pos += 1
+    return pos
 
 
 @numba.njit(cache=True, nogil=True)
-def _parse_lines(buf, start, end, line, src, dst, out, id_base, id_limit, error):
+def _diagnose_field(buf, pos):
+    """(status, value, position after the field) of the id expected at buf[pos]."""
+    first = pos
+    value = 0
+    while 48 <= buf[pos] <= 57:
+        value = value * 10 + (np.int64(buf[pos]) - 48)
+        pos += 1
+    if pos == first:
+        byte = buf[pos]
+        if byte == 10 or byte == 13:
+            return _MISSING_FIELD, value, pos
+        if byte == 45 and 48 <= buf[pos + 1] <= 57:  # '-' then a digit
+            return _NEGATIVE, value, pos
+        return _NOT_INTEGER, value, pos
+    if not _is_field_end(buf[pos]):
+        return _NOT_INTEGER, value, pos
+    if pos - first > _MAX_DIGITS:
+        return _TOO_LARGE, value, pos
+    return _OK, value, pos
+
+
+@numba.njit(cache=True, nogil=True)
+def _diagnose_line(buf, pos, id_base, id_limit):
+    """Why the line at buf[pos] was rejected (the slow path, once per file)."""
+    status, source, pos = _diagnose_field(buf, pos)
+    if status != _OK:
+        return status
+    status, target, _ = _diagnose_field(buf, _skip_separator(buf, pos))
+    if status != _OK:
+        return status
+    if min(source, target) < id_base:
+        return _BELOW_BASE
+    return _OUT_OF_RANGE
+
+
+# SWAR ("SIMD within a register") parsing of the common line shape
+# "<digits><one separator><digits>\n": 8 bytes at a time, no per-digit branches.
+_ASCII_ZEROS = np.uint64(0x3030303030303030)
+_DIGIT_TEST = np.uint64(0x7676767676767676)
+_HIGH_BITS = np.uint64(0x8080808080808080)
+_BYTE_INDEX = np.uint64(0x0001020304050607)
+_PAIRS = np.uint64(0x00FF00FF00FF00FF)
+_QUADS = np.uint64(0x0000FFFF0000FFFF)
+_LOW_HALF = np.uint64(0xFFFFFFFF)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _load8(words, pos):
+    """The 8 bytes at byte offset `pos` as a little-endian uint64 (words[pos // 8 + 1] must exist)."""
+    index = pos >> 3
+    shift = np.uint64((pos & 7) * 8)
+    return (words[index] >> shift) | ((words[index + 1] << (np.uint64(63) - shift)) << np.uint64(1))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _swar_decimal(word):
+    """(value, digit count) of the leading decimal digits of 8 bytes;
+    count 0 when the first byte is not a digit, 8 when all are (too long here)."""
+    digits = word ^ _ASCII_ZEROS
+    non_digit = ((digits + _DIGIT_TEST) | digits) & _HIGH_BITS
+    if non_digit == 0:
+        return 0, 8
+    lowest = non_digit & (~non_digit + np.uint64(1))
+    count = ((lowest >> np.uint64(7)) * _BYTE_INDEX) >> np.uint64(56)
+    if count == 0:
+        return 0, 0
+    value = digits << (np.uint64(64) - np.uint64(8) * count)  # the digits, most significant in the lowest byte used
+    value = (value * np.uint64(10) + (value >> np.uint64(8))) & _PAIRS
+    value = (value * np.uint64(100) + (value >> np.uint64(16))) & _QUADS
+    value = (value * np.uint64(10000) + (value >> np.uint64(32))) & _LOW_HALF
+    return np.int64(value), np.int64(count)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fast_line(words, pos):
+    """Parse "<1-7 digits><blank or ,;><1-7 digits>" + line end at byte `pos`.
+
+    Returns (ok, source, target, position of the byte after the target).
+    Anything else (comments, longer ids, several blanks, errors) is left
+    to the general byte loop: ok is False and nothing is consumed.
+    """
+    word = _load8(words, pos)
+    source, count = _swar_decimal(word)
+    if count == 0 or count == 8:
+        return False, 0, 0, pos
+    separator = (word >> (np.uint64(8) * np.uint64(count))) & np.uint64(0xFF)
+    if not (separator == 9 or separator == 32 or separator == 44 or separator == 59):
+        return False, 0, 0, pos
+    pos += count + 1
+    word = _load8(words, pos)
+    target, count = _swar_decimal(word)
+    if count == 0 or count == 8:
+        return False, 0, 0, pos
+    ending = (word >> (np.uint64(8) * np.uint64(count))) & np.uint64(0xFF)
+    if not _is_field_end(ending):
+        return False, 0, 0, pos
+    return True, source, target, pos + count
+
+
+@numba.njit(cache=True, nogil=True)
+def _parse_lines(buf, words, start, end, line, src, dst, out, id_base, id_limit, error):
     """Parse the lines of buf[start:end] into src/dst from slot `out` on.
 
     buf[end - 1] must be a newline: every scan stops at one, so the inner
-    loops need no bounds checks. `line` is the 1-based number of the first
-    line. Returns the number of edges written; at the first bad line, stops
-    and fills error = [status, line number, byte offset of the line].
+    loops need no bounds checks. words: buf's bytes as uint64 (empty when
+    buf is not 8-byte aligned) for the SWAR fast path. `line` is the
+    1-based number of the first line. Returns the number of edges written;
+    at the first bad line, stops and fills error = [status, line number,
+    byte offset of the line]. The loop only detects that a line is bad;
+    _diagnose_line says why.
     """
     written = 0
     pos = start
+    fast_end = min(end, (words.shape[0] - 2) * 8)  # both 8-byte loads of a line stay inside words
     while pos < end:
+        if pos + 16 <= fast_end:
+            ok, source, target, after = _fast_line(words, pos)
+            if ok:
+                source -= id_base
+                target -= id_base
+                if source >= 0 and target >= 0 and (id_limit < 0 or (source < id_limit and target < id_limit)):
+                    src[out + written] = source
+                    dst[out + written] = target
+                    written += 1
+                    pos = after
+                    while buf[pos] != 10:  # '\r' or further fields
+                        pos += 1
+                    pos += 1
+                    line += 1
+                    continue
         byte = buf[pos]
         while byte == 32 or byte == 9 or byte == 13:
             pos += 1
@@ -234,36 +353,29 @@ def _parse_lines(buf, start, end, line, src, dst, out, id_base, id_limit, error)
             line += 1
             continue
         line_start = pos
-        status = _OK
-        source, pos, digits = _read_decimal(buf, pos)
-        if digits == 0:
-            status = _classify_bad_field(buf, pos)
-        elif not _is_field_end(buf[pos]):
-            status = _NOT_INTEGER
-        if status == _OK:
-            while buf[pos] == 32 or buf[pos] == 9:
-                pos += 1
-            if buf[pos] == 44 or buf[pos] == 59:  # one ',' or ';'
-                pos += 1
-                while buf[pos] == 32 or buf[pos] == 9:
-                    pos += 1
-            target, pos, target_digits = _read_decimal(buf, pos)
-            digits = max(digits, target_digits)
-            if target_digits == 0:
-                status = _classify_bad_field(buf, pos)
-            elif not _is_field_end(buf[pos]):
-                status = _NOT_INTEGER
-            elif digits > _MAX_DIGITS:
-                status = _TOO_LARGE
-        if status == _OK:
-            source -= id_base
-            target -= id_base
-            if source < 0 or target < 0:
-                status = _BELOW_BASE
-            elif id_limit >= 0 and (source >= id_limit or target >= id_limit):
-                status = _OUT_OF_RANGE
-        if status != _OK:
-            error[0] = status
+        source = 0
+        digit = np.int64(byte) - 48
+        while 0 <= digit <= 9:
+            source = source * 10 + digit
+            pos += 1
+            digit = np.int64(buf[pos]) - 48
+        source_digits = pos - line_start
+        good = 0 < source_digits <= _MAX_DIGITS and _is_field_end(buf[pos])
+        pos = _skip_separator(buf, pos)
+        field_start = pos
+        target = 0
+        digit = np.int64(buf[pos]) - 48
+        while 0 <= digit <= 9:
+            target = target * 10 + digit
+            pos += 1
+            digit = np.int64(buf[pos]) - 48
+        target_digits = pos - field_start
+        good = good and 0 < target_digits <= _MAX_DIGITS and _is_field_end(buf[pos])
+        source -= id_base
+        target -= id_base
+        good = good and source >= 0 and target >= 0 and (id_limit < 0 or (source < id_limit and target < id_limit))
+        if not good:
+            error[0] = _diagnose_line(buf, line_start, id_base, id_limit)
             error[1] = line
             error[2] = line_start
             return written
@@ -288,12 +400,19 @@ def _count_newlines(buf, bounds, counts):
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _parse_chunks(buf, bounds, first_lines, slots, id_base, id_limit, src, dst, written, errors):
+def _parse_chunks(buf, words, bounds, first_lines, slots, id_base, id_limit, src, dst, written, errors):
     for chunk in numba.prange(bounds.shape[0] - 1):
         written[chunk] = _parse_lines(
-            buf, bounds[chunk], bounds[chunk + 1], first_lines[chunk], src, dst, slots[chunk], id_base, id_limit,
+            buf, words, bounds[chunk], bounds[chunk + 1], first_lines[chunk], src, dst, slots[chunk], id_base, id_limit,
             errors[chunk],
         )
+
+
+def _as_words(data: np.ndarray) -> np.ndarray:
+    """data's whole 8-byte words as uint64 (a view), or an empty array when data is not 8-byte aligned."""
+    if data.ctypes.data % 8:
+        return np.empty(0, dtype=np.uint64)
+    return data[: data.size // 8 * 8].view(np.uint64)
 
 
 def _chunk_bounds(data: np.ndarray, start: int, end: int) -> np.ndarray:
@@ -369,10 +488,12 @@ def parse_pairs(
     dst = np.empty(total, dtype=np.int64)
     written = np.zeros(num_chunks + 1, dtype=np.int64)
     errors = np.zeros((num_chunks + 1, 3), dtype=np.int64)
-    _parse_chunks(data, bounds, first_lines, slots, int(id_base), int(id_limit), src, dst, written, errors)
+    words = _as_words(data)
+    _parse_chunks(data, words, bounds, first_lines, slots, int(id_base), int(id_limit), src, dst, written, errors)
     if last_line.size:
         written[-1] = _parse_lines(
-            last_line, 0, last_line.size, first_lines[-1], src, dst, slots[-1], int(id_base), int(id_limit), errors[-1]
+            last_line, _as_words(last_line), 0, last_line.size, first_lines[-1], src, dst, slots[-1], int(id_base),
+            int(id_limit), errors[-1],
         )
     failed = np.flatnonzero(errors[:, 0])
     if failed.size:
