@@ -544,6 +544,12 @@ def test_attention_dropout_only_in_training(name):
     torch.testing.assert_close(ours(x, edge_index), theirs(x, edge_index), **TOLERANCE)
     torch.testing.assert_close(ours(x, edge_index), ours(x, edge_index))
     ours.train()
+    theirs.train()
+    # The reference ops draw the mask over edges in PyG's order: the same seed gives PyG's mask.
+    torch.manual_seed(7)
+    expected = theirs(x, edge_index)
+    torch.manual_seed(7)
+    torch.testing.assert_close(ours(x, edge_index), expected, **TOLERANCE)
     torch.manual_seed(6)
     trained = [ours(x, edge_index, return_attention_weights=True) for _ in range(2)]
     (first, (_, alpha)), (second, _) = trained

@@ -73,11 +73,12 @@ def test_missing_files_name_the_folders(tmp_path):
         load_planetoid("pubmed")
 
 
-def test_gcn_training_follows_pyg_step_for_step(cora):
-    """GCN has no layer-internal randomness: same seed, same weights, same dropout masks, same run."""
+@pytest.mark.parametrize("model", ["gcn", "gat"])
+def test_training_follows_pyg_step_for_step(model, cora):
+    """Same seed, same initial weights, same dropout masks (attention's too, on the CPU): the same run."""
     pyg_nn = pytest.importorskip("torch_geometric.nn")
-    ours = train_seed("gcn", gnnio_nn, cora, seed=3, epochs=5)
-    theirs = train_seed("gcn", pyg_nn, cora, seed=3, epochs=5)
+    ours = train_seed(model, gnnio_nn, cora, seed=3, epochs=4)
+    theirs = train_seed(model, pyg_nn, cora, seed=3, epochs=4)
     assert (ours.test_accuracy, ours.val_accuracy, ours.best_epoch) == (
         theirs.test_accuracy,
         theirs.val_accuracy,

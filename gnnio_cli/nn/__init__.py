@@ -16,9 +16,9 @@ Where gnnio differs from PyG 2.8, on purpose:
   ones; ``aggr`` takes a name only (no lists, ``Aggregation`` objects or
   "lstm"), ``flow`` only "source_to_target", and a ``(x_src, None)`` pair
   needs ``size``.
-- Attention dropout draws its mask in CSR (target-major) order, so in training mode
-  the mask differs from PyG's for the same seed (same distribution); in eval
-  mode, and for every layer without attention dropout, results agree.
+- Attention dropout: on the CPU (the reference ops) the mask is drawn as PyG
+  draws it, so a seed gives PyG's mask and training runs step for step like
+  PyG's; the native CUDA kernels draw their own masks (same distribution).
 - Edge weights of a node's self-loops that GCN's normalisation drops (all but
   the last when a node has several) get a zero gradient, their true
   derivative; PyG's ``index_put`` gives them the kept loop's gradient.
