@@ -8,6 +8,7 @@ knows the fewest bytes its forward pass must move (the byte floor).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -159,23 +160,21 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
 
 
 def spmm_yardstick(graph: Graph, settings: Settings) -> Workload:
-    """cuSPARSE SpMM through torch.sparse CSR (unit values) at the same width: the bandwidth-bound yardstick."""
+    """cuSPARSE SpMM through torch.sparse CSR (unit values) at the same width: the bandwidth-bound yardstick.
+
+    Its backward multiplies by an explicit transposed CSR (the CSC), which costs
+    what the forward costs; cuSPARSE's transpose flag is several times slower.
+    """
+    if torch.device(settings.device).type == "cpu" and settings.dtype != "fp32":
+        raise GnnioError(f"--against cusparse: torch.sparse has no {settings.dtype} CSR matmul on the CPU; use fp32 or a GPU")
     graph = graph.to(settings.device)
     generator = torch.Generator().manual_seed(settings.seed)
     x = _random((graph.num_src_nodes, settings.features), settings, generator)
     values = torch.ones(graph.num_edges, device=settings.device, dtype=settings.torch_dtype)
-    adjacency = torch.sparse_csr_tensor(
-        graph.csr_indptr,
-        graph.csr_indices.to(torch.int64) if graph.csr_indices.dtype != graph.csr_indptr.dtype else graph.csr_indices,
-        values,
-        size=(graph.num_dst_nodes, graph.num_src_nodes),
-    )
-    adjacency_t = torch.sparse_csr_tensor(
-        graph.csc_indptr,
-        graph.csc_indices.to(torch.int64) if graph.csc_indices.dtype != graph.csc_indptr.dtype else graph.csc_indices,
-        values,
-        size=(graph.num_src_nodes, graph.num_dst_nodes),
-    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
+        adjacency = _sparse_csr(graph.csr_indptr, graph.csr_indices, values, (graph.num_dst_nodes, graph.num_src_nodes))
+        adjacency_t = _sparse_csr(graph.csc_indptr, graph.csc_indices, values, (graph.num_src_nodes, graph.num_dst_nodes))
 
     class _SpMM(torch.autograd.Function):
         @staticmethod
@@ -189,6 +188,11 @@ def spmm_yardstick(graph: Graph, settings: Settings) -> Workload:
     element = x.element_size()
     floor = _structure_bytes(graph) + graph.num_edges * element + (graph.num_src_nodes + graph.num_dst_nodes) * settings.features * element
     return Workload("cuSPARSE SpMM (torch.sparse CSR)", lambda: _SpMM.apply(x), [x], floor_bytes=floor)
+
+
+def _sparse_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, size) -> torch.Tensor:
+    """A torch.sparse CSR tensor (torch wants indptr and indices of one dtype)."""
+    return torch.sparse_csr_tensor(indptr, indices.to(indptr.dtype), values, size=size)
 
 
 # ------------------------------------------------------------ whole layers

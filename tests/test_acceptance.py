@@ -1,0 +1,30 @@
+"""The acceptance benchmarks' code runs end to end (on CPU, tiny graphs): no suite may break on the GPU machine."""
+
+import json
+
+import pytest
+
+from gnnio_cli.bench import acceptance
+
+
+@pytest.fixture(autouse=True)
+def restore_configuration():
+    yield
+    acceptance.configure("cuda", "rmat20")
+
+
+def test_every_suite_runs_and_writes_verdicts(tmp_path):
+    pytest.importorskip("torch_geometric")
+    status = acceptance.main(["--out", str(tmp_path), "--device", "cpu", "--graphs", "grid6", "--headline", "grid6"])
+    verdicts = json.loads((tmp_path / "verdicts.json").read_text())
+    broken = [v["criterion"] for v in verdicts if v["criterion"].startswith("suite ran")]
+    assert broken == []
+    assert {v["suite"] for v in verdicts} == {"spmm", "attention", "dropin", "study"}
+    assert status in (0, 1)  # CPU timings decide pass/fail; here only that every criterion was evaluated
+    criteria = {v["criterion"] for v in verdicts}
+    assert "gcn fwd / SpMM" in criteria and "sage-max layer train speedup over PyG" in criteria
+    assert "patched vs PyG output max rel. error" in criteria
+    dropin = [v for v in verdicts if v["criterion"] == "patched vs PyG output max rel. error"][0]
+    assert dropin["passed"], dropin
+    for name in ("spmm_grid6_fp32.json", "attention_grid6_bf16.json", "dropin_grid6.json", "study_grid6.json"):
+        assert (tmp_path / name).exists(), name
