@@ -40,6 +40,17 @@ def test_rmat_path_table_reproduces_the_quadrant_probabilities(levels):
     np.testing.assert_array_equal(table.row_bits, row_bits)
 
 
+@pytest.mark.parametrize("scale", [1, 5, 12])
+def test_rmat_id_permutation_is_a_bijection(scale):
+    ids = np.arange(1 << scale, dtype=np.int64)
+    keys = generate._permutation_keys(seed=11)
+    mask, shift = np.uint64((1 << scale) - 1), np.uint64(max(1, (scale + 1) // 2))
+    permuted = np.array([generate._permute_id(node, mask, shift, keys) for node in ids])
+    np.testing.assert_array_equal(np.sort(permuted), ids)
+    if scale > 1:
+        assert not np.array_equal(permuted, ids)
+
+
 def test_rmat_counts_and_determinism():
     first = generate.rmat(10, seed=3)
     graph = first.stored.graph

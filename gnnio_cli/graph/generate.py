@@ -115,11 +115,33 @@ def _draw_path(half, threshold, alias):
     return alias[bucket]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _permute_id(node, mask, shift, keys):
+    """A keyed bijection of [0, mask] (mask = 2^scale - 1): xor with a key,
+    multiply by an odd key, fold the high half into the low half, twice.
+    Each step is invertible modulo 2^scale; no table, so no cache misses."""
+    x = np.uint64(node)
+    for round in range(2):
+        x = ((x ^ keys[2 * round]) * keys[2 * round + 1]) & mask
+        x ^= x >> shift
+    return np.int64(x)
+
+
+def _permutation_keys(seed: int) -> np.ndarray:
+    """Four uint64 keys of _permute_id (multipliers odd) drawn from the seed."""
+    keys = np.random.default_rng([seed, 0x5EED]).integers(0, 2**63, size=4, dtype=np.uint64)
+    keys[1::2] |= np.uint64(1)
+    return keys
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _rmat_edges(full_groups, full, tail_levels, tail, seed, new_id, src, dst):
+def _rmat_edges(full_groups, full, tail_levels, tail, seed, keys, src, dst):
     """Edge i: `full_groups` paths from the `full` table, then one from `tail`
-    (when tail_levels > 0); row/column ids are mapped through new_id.
-    Each table is (threshold, alias, row_bits, col_bits, levels)."""
+    (when tail_levels > 0); row/column ids are then relabelled by
+    _permute_id. Each table is (threshold, alias, row_bits, col_bits, levels)."""
+    levels = full_groups * full[4] + tail_levels
+    mask = np.uint64((1 << levels) - 1)
+    shift = np.uint64(max(1, (levels + 1) // 2))
     draws = full_groups + (1 if tail_levels > 0 else 0)
     for edge in numba.prange(src.shape[0]):
         state = _stream(seed, edge)
@@ -140,8 +162,8 @@ def _rmat_edges(full_groups, full, tail_levels, tail, seed, new_id, src, dst):
                 path = _draw_path(half, tail[0], tail[1])
                 row = (row << tail_levels) | tail[2][path]
                 col = (col << tail_levels) | tail[3][path]
-        src[edge] = new_id[row]
-        dst[edge] = new_id[col]
+        src[edge] = _permute_id(row, mask, shift, keys)
+        dst[edge] = _permute_id(col, mask, shift, keys)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -190,7 +212,8 @@ def _stored(name: str, graph: Graph, params: dict, directed: bool) -> StoredGrap
 def rmat(scale: int, edge_factor: int = 16, a: float = 0.57, b: float = 0.19, c: float = 0.19, seed: int = 0) -> GeneratedGraph:
     """R-MAT graph on 2^scale nodes from edge_factor * 2^scale drawn edges.
 
-    Node ids are randomly permuted (so hubs are not clustered at id 0), then
+    Node ids are permuted by a seeded pseudo-random bijection (so hubs are
+    not clustered at id 0), then
     self-loops and duplicate edges are removed; isolated nodes are kept, so the
     graph has exactly 2^scale nodes. Edges come out grouped by target.
     """
@@ -207,8 +230,7 @@ def rmat(scale: int, edge_factor: int = 16, a: float = 0.57, b: float = 0.19, c:
     full_groups, tail_levels = divmod(scale, LEVELS_PER_DRAW)
     tables = [_path_table(levels, a, b, c) for levels in (LEVELS_PER_DRAW, max(tail_levels, 1))]
     full, tail = ((t.threshold, t.alias, t.row_bits, t.col_bits, t.levels) for t in tables)
-    new_id = np.random.default_rng(seed).permutation(num_nodes)
-    _rmat_edges(full_groups, full, tail_levels, tail, seed, new_id, src, dst)
+    _rmat_edges(full_groups, full, tail_levels, tail, seed, _permutation_keys(seed), src, dst)
     kept = drop_self_loops(src, dst)
     self_loops = num_drawn - kept
     graph, duplicates = simple_graph(src[:kept], dst[:kept], num_nodes)
