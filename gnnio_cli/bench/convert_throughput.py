@@ -16,6 +16,7 @@ pandas is needed only here; it is not a dependency of gnnio.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -45,7 +47,11 @@ class ThroughputResult:
     pandas_parse_s: list = field(default_factory=list)
     gnnio_parse_s: list = field(default_factory=list)
     gnnio_convert_s: list = field(default_factory=list)
+    pandas_parse_cpu_s: list = field(default_factory=list)
+    gnnio_convert_cpu_s: list = field(default_factory=list)
     ratio_convert_to_pandas: float = 0.0
+    cpu_ratio_convert_to_pandas: float = 0.0
+    load_average: list = field(default_factory=list)
     bound: float = BOUND
     passed: bool = False
     cli_convert_s: float = 0.0
@@ -64,10 +70,15 @@ def pandas_parse(path: Path):
     return frame["src"].to_numpy(), frame["dst"].to_numpy()
 
 
-def _timed(func) -> float:
+def _timed(func, cpu_seconds: Optional[list] = None) -> float:
+    """Wall seconds of func(); its process CPU seconds (all threads) appended to `cpu_seconds`."""
+    cpu_started = time.process_time()
     started = time.perf_counter()
     func()
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    if cpu_seconds is not None:
+        cpu_seconds.append(time.process_time() - cpu_started)
+    return seconds
 
 
 # Runs a gnnio command line, then prints the process's peak RSS (VmHWM, in
@@ -142,14 +153,18 @@ def measure(scale: int, repeat: int, folder: Path) -> ThroughputResult:
         machine=f"{platform.node()} {platform.processor() or platform.machine()}",
     )
     for _ in range(repeat):
-        result.pandas_parse_s.append(_timed(lambda: pandas_parse(text)))
+        result.pandas_parse_s.append(_timed(lambda: pandas_parse(text), result.pandas_parse_cpu_s))
         result.gnnio_parse_s.append(_timed(lambda: read_edges(str(text))))
         result.gnnio_convert_s.append(
-            _timed(lambda: convert_file(str(text), h5, ConvertOptions(), force=True))
+            _timed(lambda: convert_file(str(text), h5, ConvertOptions(), force=True), result.gnnio_convert_cpu_s)
         )
     attrs = store.read_attrs(h5)
     result.nodes, result.edges = int(attrs["num_nodes"]), int(attrs["num_edges"])
     result.ratio_convert_to_pandas = statistics.median(result.gnnio_convert_s) / statistics.median(result.pandas_parse_s)
+    result.cpu_ratio_convert_to_pandas = statistics.median(result.gnnio_convert_cpu_s) / statistics.median(
+        result.pandas_parse_cpu_s
+    )
+    result.load_average = [round(value, 2) for value in os.getloadavg()]
     result.passed = result.ratio_convert_to_pandas <= BOUND
     return result
 
@@ -176,6 +191,8 @@ def main(argv=None) -> None:
         ("gnnio convert to .h5, median (s)", round(statistics.median(result.gnnio_convert_s), 3)),
         ("ratio convert / pandas", round(result.ratio_convert_to_pandas, 3)),
         (f"within {BOUND}x", result.passed),
+        ("CPU seconds ratio (all threads)", round(result.cpu_ratio_convert_to_pandas, 3)),
+        ("load average 1/5/15 min after", " / ".join(str(v) for v in result.load_average)),
         ("CLI convert, child process (s)", round(result.cli_convert_s, 3)),
         ("CLI peak RSS (MiB)", round(result.cli_peak_rss_bytes / mib)),
         ("  of which interpreter + imports (MiB)", round(result.cli_baseline_rss_bytes / mib)),

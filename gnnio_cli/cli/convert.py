@@ -91,7 +91,8 @@ def command(input_path, output_path, input_format, undirected, self_loops, num_n
     and the originals kept in /node_ids.
     """
     options = ConvertOptions(format=input_format, undirected=undirected, self_loops=self_loops, num_nodes=num_nodes)
-    with DelayedProgress(enabled=not quiet) as progress:
+    # A bar needs a terminal: redirected, rich would leave a stray blank line.
+    with DelayedProgress(enabled=not quiet and output.stderr.is_terminal) as progress:
         summary = convert_file(input_path, output_path, options, force=force, progress=progress)
     if as_json:
         output.emit_json(summary)
