@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import numba
 import numpy as np
 import torch
 
@@ -193,16 +194,25 @@ class Graph:
         return self.cached(("to", str(device)), move)
 
     def permute(self, new_to_old: np.ndarray) -> "Graph":
-        """Relabel nodes: new node i is old node new_to_old[i]. Edge ids keep their meaning."""
+        """Relabel nodes: new node i is old node new_to_old[i]. Edge ids keep their meaning.
+
+        Rows are moved whole (a gather, no sort), so each row keeps its slots in
+        their original edge order, as a graph built from the relabelled edges would.
+        """
         if self.is_bipartite:
             raise GnnioError("Graph.permute: bipartite graphs cannot be relabelled with one permutation")
+        graph = self.to("cpu")
         new_to_old = np.asarray(new_to_old, dtype=np.int64)
         old_to_new = np.empty_like(new_to_old)
         old_to_new[new_to_old] = np.arange(new_to_old.size, dtype=np.int64)
-        edges = self.to("cpu").edge_index().numpy()
-        src, dst = old_to_new[edges[0]], old_to_new[edges[1]]
-        node_ids = self.node_ids.numpy()[new_to_old] if self.node_ids is not None else new_to_old
-        return Graph.from_arrays(src, dst, self.num_nodes, self.num_nodes, node_ids=node_ids)
+        arrays = []
+        for side in ("csr", "csc"):
+            moved = _move_rows(
+                *(getattr(graph, f"{side}_{name}").numpy() for name in ("indptr", "indices", "eid")), new_to_old, old_to_new
+            )
+            arrays += [torch.from_numpy(array) for array in moved]
+        node_ids = graph.node_ids.numpy()[new_to_old] if graph.node_ids is not None else new_to_old
+        return Graph(*arrays, num_src_nodes=self.num_nodes, num_dst_nodes=self.num_nodes, node_ids=torch.from_numpy(node_ids))
 
     def __repr__(self) -> str:
         side = (
@@ -211,3 +221,23 @@ class Graph:
             else f"num_src_nodes={self.num_src_nodes}, num_dst_nodes={self.num_dst_nodes}"
         )
         return f"Graph({side}, num_edges={self.num_edges}, device={self.device})"
+
+
+@numba.njit(cache=True)
+def _move_rows(indptr, indices, eid, new_to_old, old_to_new):
+    """Rows of (indptr, indices, eid) in new order, neighbour ids relabelled: (indptr, indices, eid)."""
+    num_rows = new_to_old.shape[0]
+    new_indptr = np.zeros(num_rows + 1, dtype=np.int64)
+    for row in range(num_rows):
+        old = new_to_old[row]
+        new_indptr[row + 1] = new_indptr[row] + indptr[old + 1] - indptr[old]
+    new_indices = np.empty_like(indices)
+    new_eid = np.empty_like(eid)
+    for row in range(num_rows):
+        old = new_to_old[row]
+        target = new_indptr[row]
+        for slot in range(indptr[old], indptr[old + 1]):
+            new_indices[target] = old_to_new[indices[slot]]
+            new_eid[target] = eid[slot]
+            target += 1
+    return new_indptr, new_indices, new_eid
