@@ -389,13 +389,36 @@ def _parse_lines(buf, words, start, end, line, src, dst, out, id_base, id_limit,
     return written
 
 
+_NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
+_LOW_SEVEN = np.uint64(0x7F7F7F7F7F7F7F7F)
+_ONE_PER_BYTE = np.uint64(0x0101010101010101)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _newlines_in_word(word):
+    """How many of the 8 bytes of `word` are '\n' (exact zero-byte test, no borrows between bytes)."""
+    x = word ^ _NEWLINES
+    zero_bytes = ~(((x & _LOW_SEVEN) + _LOW_SEVEN) | x | _LOW_SEVEN)
+    return np.int64(((zero_bytes >> np.uint64(7)) * _ONE_PER_BYTE) >> np.uint64(56))
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _count_newlines(buf, bounds, counts):
+def _count_newlines(buf, words, bounds, counts):
+    """counts[c] = newlines in buf[bounds[c]:bounds[c+1]]; whole words 8 bytes at a time."""
     for chunk in numba.prange(bounds.shape[0] - 1):
+        start, end = bounds[chunk], bounds[chunk + 1]
         total = 0
-        for pos in range(bounds[chunk], bounds[chunk + 1]):
-            if buf[pos] == 10:
-                total += 1
+        pos = start
+        if words.shape[0] > 0:
+            while pos < end and pos % 8 != 0:
+                total += buf[pos] == 10
+                pos += 1
+            while pos + 8 <= end:
+                total += _newlines_in_word(words[pos >> 3])
+                pos += 8
+        while pos < end:
+            total += buf[pos] == 10
+            pos += 1
         counts[chunk] = total
 
 
@@ -480,7 +503,8 @@ def parse_pairs(
     bounds = _chunk_bounds(data, start, body_end)
     num_chunks = bounds.size - 1
     newlines = np.empty(num_chunks, dtype=np.int64)
-    _count_newlines(data, bounds, newlines)
+    words = _as_words(data)
+    _count_newlines(data, words, bounds, newlines)
     first_lines = first_line + np.concatenate(([0], np.cumsum(newlines))).astype(np.int64)
     slots = np.concatenate(([0], np.cumsum(newlines))).astype(np.int64)
     total = int(newlines.sum()) + (1 if last_line.size else 0)
@@ -488,7 +512,6 @@ def parse_pairs(
     dst = np.empty(total, dtype=np.int64)
     written = np.zeros(num_chunks + 1, dtype=np.int64)
     errors = np.zeros((num_chunks + 1, 3), dtype=np.int64)
-    words = _as_words(data)
     _parse_chunks(data, words, bounds, first_lines, slots, int(id_base), int(id_limit), src, dst, written, errors)
     if last_line.size:
         written[-1] = _parse_lines(
