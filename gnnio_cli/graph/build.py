@@ -28,6 +28,25 @@ def _num_chunks(num_items: int, num_keys: int) -> int:
     return int(max(1, min(numba.get_num_threads(), by_size, by_memory)))
 
 
+@numba.njit(cache=True, nogil=True)
+def _counts_to_offsets(histograms):
+    """Per-chunk key counts [chunks, keys] -> indptr int64 [keys + 1]; each
+    count is replaced in place by that chunk's first write slot for the key.
+    Keys ascend and, within a key, chunks keep input order, so a scatter
+    through these slots is stable."""
+    num_chunks, num_keys = histograms.shape
+    indptr = np.empty(num_keys + 1, dtype=np.int64)
+    running = 0
+    for key in range(num_keys):
+        indptr[key] = running
+        for chunk in range(num_chunks):
+            count = histograms[chunk, key]
+            histograms[chunk, key] = running
+            running += count
+    indptr[num_keys] = running
+    return indptr
+
+
 @numba.njit(cache=True, parallel=True, nogil=True)
 def _group(keys, num_keys, num_chunks, values, grouped_values, order, write_order):
     """Counting sort of positions by `keys` (each in [0, num_keys)), stable.
@@ -42,17 +61,7 @@ def _group(keys, num_keys, num_chunks, values, grouped_values, order, write_orde
         hi = (chunk + 1) * num_items // num_chunks
         for i in range(lo, hi):
             histograms[chunk, keys[i]] += 1
-    # Turn counts into each chunk's first write slot per key: keys ascending,
-    # chunks in input order within a key, so the scatter below is stable.
-    indptr = np.empty(num_keys + 1, dtype=np.int64)
-    running = 0
-    for key in range(num_keys):
-        indptr[key] = running
-        for chunk in range(num_chunks):
-            count = histograms[chunk, key]
-            histograms[chunk, key] = running
-            running += count
-    indptr[num_keys] = running
+    indptr = _counts_to_offsets(histograms)
     with_values = values.shape[0] > 0
     for chunk in numba.prange(num_chunks):
         lo = chunk * num_items // num_chunks
@@ -206,15 +215,7 @@ def _transpose(indptr, indices, num_cols, row_bounds, packed, t_indices, t_eid):
     for chunk in numba.prange(num_chunks):
         for slot in range(indptr[row_bounds[chunk]], indptr[row_bounds[chunk + 1]]):
             histograms[chunk, indices[slot]] += 1
-    t_indptr = np.empty(num_cols + 1, dtype=np.int64)
-    running = 0
-    for col in range(num_cols):
-        t_indptr[col] = running
-        for chunk in range(num_chunks):
-            count = histograms[chunk, col]
-            histograms[chunk, col] = running
-            running += count
-    t_indptr[num_cols] = running
+    t_indptr = _counts_to_offsets(histograms)
     use_packed = packed.shape[0] > 0
     for chunk in numba.prange(num_chunks):
         for row in range(row_bounds[chunk], row_bounds[chunk + 1]):
