@@ -20,6 +20,13 @@ import numpy as np
 _MIN_EDGES_PER_CHUNK = 1 << 18
 
 
+def _histograms(num_chunks: int, num_keys: int, num_items: int) -> np.ndarray:
+    """Zeroed per-chunk counters; int32 while every offset fits, to halve the
+    random-access footprint of the counting sorts."""
+    dtype = np.int32 if num_items < 2**31 else np.int64
+    return np.zeros((num_chunks, num_keys), dtype=dtype)
+
+
 def _num_chunks(num_items: int, num_keys: int) -> int:
     """How many chunks to sort in parallel: bounded by threads, and by keeping
     the per-chunk histograms (num_chunks * num_keys) no larger than the input."""
@@ -48,14 +55,15 @@ def _counts_to_offsets(histograms):
 
 
 @numba.njit(cache=True, parallel=True, nogil=True)
-def _group(keys, num_keys, num_chunks, values, grouped_values, order, write_order):
+def _group(keys, histograms, values, grouped_values, order, write_order):
     """Counting sort of positions by `keys` (each in [0, num_keys)), stable.
 
+    histograms: zeros [chunks, num_keys], one row per chunk of the input.
     Writes grouped_values[slot] = values[i] (when `values` is non-empty) and
     order[slot] = i (when `write_order`); returns indptr int64 [num_keys + 1].
     """
     num_items = keys.shape[0]
-    histograms = np.zeros((num_chunks, num_keys), dtype=np.int64)
+    num_chunks = histograms.shape[0]
     for chunk in numba.prange(num_chunks):
         lo = chunk * num_items // num_chunks
         hi = (chunk + 1) * num_items // num_chunks
@@ -103,7 +111,8 @@ def group_by(
         values_in = np.ascontiguousarray(values)
         grouped = np.empty(num_items, dtype=value_dtype or values_in.dtype)
     order = np.empty(num_items if want_order else 0, dtype=np.int64)
-    indptr = _group(keys, int(num_keys), _num_chunks(num_items, num_keys), values_in, grouped, order, want_order)
+    histograms = _histograms(_num_chunks(num_items, num_keys), num_keys, num_items)
+    indptr = _group(keys, histograms, values_in, grouped, order, want_order)
     return indptr, (order if want_order else None), (grouped if values is not None else None)
 
 
@@ -204,14 +213,13 @@ def _row_chunks(indptr: np.ndarray, num_chunks: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, parallel=True, nogil=True)
-def _transpose(indptr, indices, num_cols, row_bounds, packed, t_indices, t_eid):
+def _transpose(indptr, indices, histograms, row_bounds, packed, t_indices, t_eid):
     """Counting sort of CSR slots by column, chunked by rows (see _group).
 
     With a non-empty `packed`, each transposed slot gets one 8-byte write
     (row << 32 | slot) instead of two scattered writes; _unpack splits it.
     """
     num_chunks = row_bounds.shape[0] - 1
-    histograms = np.zeros((num_chunks, num_cols), dtype=np.int64)
     for chunk in numba.prange(num_chunks):
         for slot in range(indptr[row_bounds[chunk]], indptr[row_bounds[chunk + 1]]):
             histograms[chunk, indices[slot]] += 1
@@ -269,7 +277,8 @@ def transpose(
         packed = scratch.view(np.uint64)[:num_slots]
     else:
         packed = np.empty(num_slots, dtype=np.uint64)
-    t_indptr = _transpose(indptr, indices, int(num_cols), row_bounds, packed, t_indices, t_eid)
+    histograms = _histograms(row_bounds.shape[0] - 1, num_cols, num_slots)
+    t_indptr = _transpose(indptr, indices, histograms, row_bounds, packed, t_indices, t_eid)
     if fits_32_bits:
         _unpack(packed, t_indices, t_eid)
     return t_indptr, t_indices, t_eid
