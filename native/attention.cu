@@ -182,15 +182,49 @@ __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chu
   return sum;
 }
 
+// How the 4-wide layout (one chunk per lane: C % 4 == 0, C <= 128) trades
+// warps for loads in flight. The kernels are latency-bound gathers: a warp
+// spends most of a short row waiting on indptr, then the neighbour ids, then
+// the neighbour rows, and only other warps hide that wait. So each kernel is
+// compiled for a number of resident 256-thread blocks per SM
+// (__launch_bounds__'s second argument caps registers at 64K / (blocks * 256)):
+// forward 4 (64 registers: half the SM's warps) with 4 edges' rows loaded per
+// step; backward 3 (80 registers) with 2 edges per step, since each edge
+// brings two rows and the row state (gradient sums) is larger; 4 edges there
+// would spill inside the edge loop. The 8-chunk scalar layout, used only for
+// odd or very wide heads, keeps 8x the state per lane and stays uncapped.
+template <int VEC>
+constexpr int forward_blocks_per_sm() {
+  return VEC == 4 ? 4 : 1;
+}
+
+template <int VEC>
+constexpr int backward_blocks_per_sm() {
+  return VEC == 4 ? 3 : 1;
+}
+
 // Edges per step: all their loads are issued before any score is reduced.
 template <int VEC>
-constexpr int edges_per_step() {
+constexpr int forward_edges_per_step() {
   return VEC == 4 ? 4 : 2;
 }
 
-// Calls step(first, count, neighbour, eid) for the slots [begin, end) of a
-// warp's item in groups of U; neighbour ids and edge ids are read 32 at a
-// time, one per lane, and handed round by shuffles.
+constexpr int kBackwardEdgesPerStep = 2;
+
+// The original edge ids of one step's slots, shuffled from the lane that read
+// them only where a kernel needs one (edge features, dropout, per-edge
+// outputs), so no register holds U edge ids across the step's loads. Call it
+// from warp-uniform code only: it is a full-warp shuffle.
+struct StepEdges {
+  long long mine;  // this lane's slot's edge id (0 when the kernel reads none)
+  int first;       // lane holding the step's first slot
+
+  __device__ __forceinline__ int64_t operator()(int u) const { return __shfl_sync(kFullMask, mine, first + u); }
+};
+
+// Calls step(neighbour, valid, edges) for the slots [begin, end) of a warp's
+// item in groups of U; neighbour ids and edge ids are read 32 at a time, one
+// per lane, and handed round by shuffles.
 template <int U, typename Step>
 __device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const IndexView& indices,
                                               const int64_t* __restrict__ eid, bool need_eid, int lane, Step&& step) {
@@ -199,15 +233,14 @@ __device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const 
     const long long my_neighbour = lane < count ? indices[base + lane] : 0;
     const long long my_eid = need_eid && lane < count ? eid[base + lane] : 0;
     for (int first = 0; first < count; first += U) {
-      int64_t neighbour[U], edge[U];
+      int64_t neighbour[U];
       bool valid[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         neighbour[u] = __shfl_sync(kFullMask, my_neighbour, first + u);
-        edge[u] = __shfl_sync(kFullMask, my_eid, first + u);
         valid[u] = first + u < count;
       }
-      step(neighbour, edge, valid);
+      step(neighbour, valid, StepEdges{my_eid, first});
     }
   }
 }
@@ -218,8 +251,8 @@ __device__ __forceinline__ int64_t warp_item(int items_per_warp, int i) {
 
 // ------------------------------------------------------------------ forward
 template <int KIND, int VEC, typename scalar_t>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) forward_kernel(const Params<scalar_t> p) {
-  constexpr int U = edges_per_step<VEC>();
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<VEC>()) forward_kernel(const Params<scalar_t> p) {
+  constexpr int U = forward_edges_per_step<VEC>();
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
   const Lane<VEC> lane(geo);
@@ -240,7 +273,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) forward_kernel(const Pa
     float run_max = -INFINITY, run_sum = 0.f;
 
     for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
-                     [&](const int64_t(&neighbour)[U], const int64_t(&edge)[U], const bool(&valid)[U]) {
+                     [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       Chunks<VEC> message[U];
       float partial[U];
 #pragma unroll
@@ -251,7 +284,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) forward_kernel(const Pa
           load_row<VEC>(p.key_src, neighbour[u], geo, lane, valid[u], key);
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
             add_to<VEC>(key, feature);
             add_to<VEC>(message[u], feature);
           }
@@ -264,14 +297,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) forward_kernel(const Pa
             for (int v = 0; v < VEC; ++v) hidden[k][v] = message[u][k][v] + target[k][v];
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
             add_to<VEC>(hidden, feature);
           }
           partial[u] = gatv2_partial<VEC>(att, hidden, p.slope);
         } else {
           const bool use = valid[u] && lane.head_ok;
           float z = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, use) + alpha_dst;
-          if (p.edge) z += load_scalar(p.edge, edge[u], geo, lane.head, use);
+          if (p.edge) z += load_scalar(p.edge, edge_id(u), geo, lane.head, use);
           partial[u] = leaky_relu(z, p.slope);
         }
       }
@@ -284,7 +317,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) forward_kernel(const Pa
         } else {
           score[u] = head_sum(partial[u], geo.lanes_per_head) * p.scale;
         }
-        drop[u] = dropout.weight(edge[u], lane.head);
+        drop[u] = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         if (valid[u]) new_max = fmaxf(new_max, score[u]);
       }
       const float correction = __expf(run_max - new_max);
@@ -299,9 +332,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) forward_kernel(const Pa
         const float weight = __expf(score[u] - new_max);
         run_sum += weight;
         add_scaled<VEC>(acc, weight * drop[u], message[u]);
-        if (p.scores != nullptr && lane.head_ok && lane.in_head == 0)
-          p.scores[edge[u] * geo.heads + lane.head] =
-              p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
+        if (p.scores != nullptr) {
+          const int64_t e = edge_id(u);
+          if (lane.head_ok && lane.in_head == 0)
+            p.scores[e * geo.heads + lane.head] = p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
+        }
       }
       run_max = new_max;
     });
@@ -371,8 +406,8 @@ __global__ void sum_tiles_kernel(const RowSchedule s, int64_t width, const float
 // row's end, or after its tiles for a heavy row). Per-edge gradients need
 // delta first, so the source-side pass writes them.
 template <int KIND, int VEC, typename scalar_t>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(const Params<scalar_t> p) {
-  constexpr int U = edges_per_step<VEC>();
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<VEC>()) backward_target_kernel(const Params<scalar_t> p) {
+  constexpr int U = kBackwardEdgesPerStep;
   constexpr int K = Layout<VEC>::kChunks;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
@@ -404,7 +439,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(
     float scalar_weighted = 0.f, scalar_plain = 0.f, delta = 0.f;
 
     for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
-                     [&](const int64_t(&neighbour)[U], const int64_t(&edge)[U], const bool(&valid)[U]) {
+                     [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       Chunks<VEC> message[U], key[U];  // key: Dot's key + edge; GATv2's hidden
       float partial[U], message_dot[U], z[U];
 #pragma unroll
@@ -414,7 +449,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(
           load_row<VEC>(p.key_src, neighbour[u], geo, lane, valid[u], key[u]);
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
             add_to<VEC>(key[u], feature);
             add_to<VEC>(message[u], feature);
           }
@@ -426,14 +461,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(
             for (int v = 0; v < VEC; ++v) key[u][k][v] = message[u][k][v] + target[k][v];
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
             add_to<VEC>(key[u], feature);
           }
           partial[u] = gatv2_partial<VEC>(att, key[u], p.slope);
         } else {
           const bool use = valid[u] && lane.head_ok;
           z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, use) + alpha_dst;
-          if (p.edge) z[u] += load_scalar(p.edge, edge[u], geo, lane.head, use);
+          if (p.edge) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, use);
         }
         message_dot[u] = dot<VEC>(grad, message[u]);
       }
@@ -448,7 +483,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_target_kernel(
         const float dp = head_sum(message_dot[u], geo.lanes_per_head);
         if (!valid[u]) continue;
         const float prob = __expf(score - row_lse);
-        const float r = prob * dropout.weight(edge[u], lane.head) * dp;
+        const float r = prob * (dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f) * dp;
         delta += r;
         if constexpr (KIND == kDot) {
           add_scaled<VEC>(weighted, r, key[u]);
@@ -564,8 +599,8 @@ __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int p
 
 // ----------------------------------------------------- backward, source side
 template <int KIND, int VEC, typename scalar_t>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(const Params<scalar_t> p) {
-  constexpr int U = edges_per_step<VEC>();
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<VEC>()) backward_source_kernel(const Params<scalar_t> p) {
+  constexpr int U = kBackwardEdgesPerStep;
   constexpr int K = Layout<VEC>::kChunks;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
@@ -592,7 +627,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(
     float scalar_grad = 0.f;
 
     for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
-                     [&](const int64_t(&neighbour)[U], const int64_t(&edge)[U], const bool(&valid)[U]) {
+                     [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       Chunks<VEC> grad[U], target[U], hidden[U];
       float partial[U], message_dot[U], row_lse[U], row_delta[U], z[U];
 #pragma unroll
@@ -613,7 +648,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(
             }
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
             add_to<VEC>(key_edge, feature);
             add_to<VEC>(message_edge, feature);
           }
@@ -626,14 +661,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(
             for (int v = 0; v < VEC; ++v) hidden[u][k][v] = message[k][v] + target[u][k][v];
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge[u], geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
             add_to<VEC>(hidden[u], feature);
           }
           partial[u] = gatv2_partial<VEC>(att, hidden[u], p.slope);
           message_dot[u] = dot<VEC>(grad[u], message);
         } else {
           z[u] = alpha_src + load_scalar(p.dst_scalar, neighbour[u], geo, lane.head, use);
-          if (p.edge) z[u] += load_scalar(p.edge, edge[u], geo, lane.head, use);
+          if (p.edge) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, use);
           message_dot[u] = dot<VEC>(grad[u], message);
         }
       }
@@ -648,7 +683,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(
         const float dp = head_sum(message_dot[u], geo.lanes_per_head);
         if (!valid[u]) continue;
         const float prob = __expf(score - row_lse[u]);
-        const float drop = dropout.weight(edge[u], lane.head);
+        const float drop = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         const float score_grad = prob * (drop * dp - row_delta[u]);
         add_scaled<VEC>(source_grad, prob * drop, grad[u]);
         if constexpr (KIND == kDot) {
@@ -660,7 +695,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(
 #pragma unroll
               for (int v = 0; v < VEC; ++v)
                 edge_grad[k][v] = score_grad * p.scale * target[u][k][v] + prob * drop * grad[u][k][v];
-            store_row<VEC>(p.grad_edge, edge[u], geo, lane, edge_grad);
+            store_row<VEC>(p.grad_edge, edge_id(u), geo, lane, edge_grad);
           }
         } else if constexpr (KIND == kGatV2) {
           Chunks<VEC> hidden_grad;
@@ -670,12 +705,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) backward_source_kernel(
             for (int v = 0; v < VEC; ++v)
               hidden_grad[k][v] = score_grad * att[k][v] * leaky_relu_grad(hidden[u][k][v], p.slope);
           add_to<VEC>(source_grad, hidden_grad);
-          if (p.grad_edge) store_row<VEC>(p.grad_edge, edge[u], geo, lane, hidden_grad);
+          if (p.grad_edge) store_row<VEC>(p.grad_edge, edge_id(u), geo, lane, hidden_grad);
         } else {
           const float z_grad = score_grad * leaky_relu_grad(z[u], p.slope);
           scalar_grad += z_grad;
-          if (p.grad_edge && lane.head_ok && lane.in_head == 0)
-            p.grad_edge[edge[u] * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
+          if (p.grad_edge) {
+            const int64_t e = edge_id(u);
+            if (lane.head_ok && lane.in_head == 0) p.grad_edge[e * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
+          }
         }
       }
     });
