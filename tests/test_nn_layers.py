@@ -11,7 +11,6 @@ edge-order invariance, empty graphs, dropout, lazy sizes and the Graph cache.
 from __future__ import annotations
 
 import itertools
-import warnings
 
 import pytest
 import torch
