@@ -261,7 +261,9 @@ def main(argv=None) -> int:
         except Exception as err:  # keep the other suites' numbers when one fails
             print(f"suite {suite} failed: {type(err).__name__}: {err}", flush=True)
             verdicts.append(Verdict(suite, "-", f"suite ran ({type(err).__name__})", 0.0, 1.0, False))
-    (args.out / "verdicts.json").write_text(json.dumps([asdict(v) for v in verdicts], indent=1))
+        # Written after every suite, so a run cut short keeps what it measured.
+        (args.out / "verdicts.json").write_text(json.dumps([asdict(v) for v in verdicts], indent=1))
+        print(f"suite {suite} done at {time.time() - started:.0f} s", flush=True)
     print(f"\nacceptance ({time.time() - started:.0f} s): suite graph criterion measured bound pass")
     for v in verdicts:
         print(f"{v.suite:9s} {v.graph:9s} {v.criterion:45s} {v.measured:9.3f} {v.bound:9.3f} {'PASS' if v.passed else 'FAIL'}")

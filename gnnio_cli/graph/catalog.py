@@ -15,6 +15,7 @@ measuring what a reordering recovers.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -49,6 +50,12 @@ def resolve(spec: Optional[str]) -> NamedGraph:
         from gnnio_cli.graph import store
 
         return NamedGraph(path.stem, store.load(path).graph, str(path))
+    return _generated(spec)
+
+
+@functools.lru_cache(maxsize=4)
+def _generated(spec: str) -> NamedGraph:
+    """A standard graph, generated once per process (Graphs are immutable, so sharing is safe)."""
     from gnnio_cli.graph import generate
 
     try:
