@@ -51,6 +51,7 @@ class ThroughputResult:
     gnnio_convert_cpu_s: list = field(default_factory=list)
     ratio_convert_to_pandas: float = 0.0
     cpu_ratio_convert_to_pandas: float = 0.0
+    convert_stage_s: dict = field(default_factory=dict)
     load_average: list = field(default_factory=list)
     bound: float = BOUND
     passed: bool = False
@@ -120,6 +121,21 @@ def _h5_array_bytes(path: Path) -> int:
     return total
 
 
+class StageClock:
+    """A convert_file progress callback that notes when each stage starts."""
+
+    def __init__(self):
+        self.starts: list[tuple[str, float]] = []
+
+    def __call__(self, stage: str) -> None:
+        self.starts.append((stage, time.perf_counter()))
+
+    def durations(self) -> dict[str, float]:
+        """Seconds from each stage's start to the next one's (the last: to now)."""
+        ends = [start for _, start in self.starts[1:]] + [time.perf_counter()]
+        return {stage: end - start for (stage, start), end in zip(self.starts, ends)}
+
+
 def measure(scale: int, repeat: int, folder: Path) -> ThroughputResult:
     name = f"rmat{scale}"
     generated = generate_standard(name)
@@ -155,9 +171,12 @@ def measure(scale: int, repeat: int, folder: Path) -> ThroughputResult:
     for _ in range(repeat):
         result.pandas_parse_s.append(_timed(lambda: pandas_parse(text), result.pandas_parse_cpu_s))
         result.gnnio_parse_s.append(_timed(lambda: read_edges(str(text))))
+        stages = StageClock()
         result.gnnio_convert_s.append(
-            _timed(lambda: convert_file(str(text), h5, ConvertOptions(), force=True), result.gnnio_convert_cpu_s)
+            _timed(lambda: convert_file(str(text), h5, ConvertOptions(), force=True, progress=stages), result.gnnio_convert_cpu_s)
         )
+        for stage, seconds in stages.durations().items():
+            result.convert_stage_s.setdefault(stage, []).append(seconds)
     attrs = store.read_attrs(h5)
     result.nodes, result.edges = int(attrs["num_nodes"]), int(attrs["num_edges"])
     result.ratio_convert_to_pandas = statistics.median(result.gnnio_convert_s) / statistics.median(result.pandas_parse_s)
@@ -192,6 +211,10 @@ def main(argv=None) -> None:
         ("ratio convert / pandas", round(result.ratio_convert_to_pandas, 3)),
         (f"within {BOUND}x", result.passed),
         ("CPU seconds ratio (all threads)", round(result.cpu_ratio_convert_to_pandas, 3)),
+        *(
+            (f"  convert stage '{stage}', median (s)", round(statistics.median(seconds), 3))
+            for stage, seconds in result.convert_stage_s.items()
+        ),
         ("load average 1/5/15 min after", " / ".join(str(v) for v in result.load_average)),
         ("CLI convert, child process (s)", round(result.cli_convert_s, 3)),
         ("CLI peak RSS (MiB)", round(result.cli_peak_rss_bytes / mib)),
