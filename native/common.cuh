@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace gnnio {
@@ -171,6 +172,23 @@ constexpr int kWarpsPerBlock = 8;
 
 inline int64_t first_pass_blocks(const RowSchedule& s) {
   return (s.num_tiles + s.num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+}
+
+// Work items of a first pass: the tiles, then the rows.
+__host__ __device__ __forceinline__ int64_t first_pass_items(const RowSchedule& s) { return s.num_tiles + s.num_rows; }
+
+// Blocks for a first pass whose warps loop over work items with a grid
+// stride (item = warp, warp + all warps, ...): as many blocks as stay
+// resident at once, never more than the items need. On skewed graphs a block
+// of one-row-per-warp lives as long as its longest row while its other warps
+// idle; warps that move on to their next item keep the SM's slots busy.
+template <typename Kernel>
+inline int64_t resident_first_pass_blocks(Kernel kernel, const RowSchedule& s) {
+  int blocks_per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kWarp * kWarpsPerBlock, 0));
+  const int64_t resident =
+      static_cast<int64_t>(std::max(blocks_per_sm, 1)) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return std::max<int64_t>(1, std::min(first_pass_blocks(s), resident));
 }
 
 // Host side: check and view the schedule tensors built in Python.

@@ -13,6 +13,9 @@
 // winner is that very edge, comparing the saved position with the edge's CSR
 // position. Sums run in fp32 in slot order (heavy sources per tile, merged in
 // tile order), so the gradient is deterministic.
+//
+// Both passes keep their warps resident and loop over the work items (grid
+// stride): on skewed degrees a block is not held by one long row.
 
 #include "common.cuh"
 
@@ -30,8 +33,14 @@ constexpr int32_t kNoWinner = -1;
 // larger value, then the smaller source id, then the earlier slot. A total
 // order, so the winner does not depend on the order in which lanes and tiles
 // meet. Sources are read only on ties, so no register holds them.
+//
+// A missing winner always carries -inf (the start value), so two ordered,
+// unequal numbers decide at once; only equal values and NaN take the full
+// comparison. Two compares per feature and edge in the common case.
 __device__ __forceinline__ bool beats(float value, int32_t position, float best, int32_t best_position,
                                       IndexView indices, int64_t row_begin) {
+  if (value > best) return true;
+  if (value < best) return false;
   if (position == kNoWinner) return false;
   if (best_position == kNoWinner) return true;
   const bool value_nan = isnan(value);
@@ -144,15 +153,19 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
                             bool vectorised, float sign, bool compact, scalar_t* __restrict__ out,
                             void* __restrict__ positions, float* __restrict__ partial_values,
                             int32_t* __restrict__ partial_positions) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  WorkItem item;
-  if (!work_item(schedule, warp, item)) return;
-  if (vectorised) {
-    extremum_slots<scalar_t, vec_width<scalar_t>()>(item, indices, x, width, sign, compact, out, positions,
-                                                    partial_values, partial_positions);
-  } else {
-    extremum_slots<scalar_t, 1>(item, indices, x, width, sign, compact, out, positions, partial_values,
-                                partial_positions);
+  const int64_t items = first_pass_items(schedule);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
+       warp += warps) {
+    WorkItem item;
+    if (!work_item(schedule, warp, item)) continue;
+    if (vectorised) {
+      extremum_slots<scalar_t, vec_width<scalar_t>()>(item, indices, x, width, sign, compact, out, positions,
+                                                      partial_values, partial_positions);
+    } else {
+      extremum_slots<scalar_t, 1>(item, indices, x, width, sign, compact, out, positions, partial_values,
+                                  partial_positions);
+    }
   }
 }
 
@@ -237,18 +250,36 @@ __device__ __forceinline__ void extremum_grad_slots(const WorkItem& item, IndexV
         for (int u = 0; u < kBackwardUnroll; ++u) {
           if (target[u] >= 0) load_positions<VEC>(positions, compact, target[u] * width + column, winner[u]);
         }
+        // Which of the lane's features each edge won. Most (target, feature)
+        // pairs were won by another edge: their gradient bytes are skipped.
+        bool won[kBackwardUnroll][VEC];
+        bool any[kBackwardUnroll];
 #pragma unroll
         for (int u = 0; u < kBackwardUnroll; ++u) {
-          if (target[u] < 0) continue;
-          bool any = false;
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) any |= winner[u][v] == edge_position[u];
-          // Most (target, feature) pairs were won by another edge: skip their bytes.
-          if (!any) continue;
-          const Vec<scalar_t, VEC> grad = load_vec<scalar_t, VEC>(grad_out + target[u] * width + column);
+          any[u] = false;
 #pragma unroll
           for (int v = 0; v < VEC; ++v) {
-            if (winner[u][v] == edge_position[u]) acc[v] += static_cast<float>(grad.v[v]);
+            won[u][v] = target[u] >= 0 && winner[u][v] == edge_position[u];
+            any[u] |= won[u][v];
+          }
+        }
+        // All of the step's gradient loads are issued before any is used, so
+        // their latencies overlap instead of adding up edge by edge.
+        Vec<scalar_t, VEC> grad[kBackwardUnroll];
+#pragma unroll
+        for (int u = 0; u < kBackwardUnroll; ++u) {
+          if (any[u]) {
+            grad[u] = load_vec<scalar_t, VEC>(grad_out + target[u] * width + column);
+          } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) grad[u].v[v] = scalar_t(0.f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBackwardUnroll; ++u) {
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            if (won[u][v]) acc[v] += static_cast<float>(grad[u].v[v]);
           }
         }
       }
@@ -275,15 +306,19 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
                                      const scalar_t* __restrict__ grad_out, const void* __restrict__ positions,
                                      bool compact, int64_t width, bool vectorised, scalar_t* __restrict__ grad_x,
                                      float* __restrict__ partials) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  WorkItem item;
-  if (!work_item(schedule, warp, item)) return;
-  if (vectorised) {
-    extremum_grad_slots<scalar_t, vec_width<scalar_t>()>(item, targets, csc_position, grad_out, positions, compact,
-                                                         width, grad_x, partials);
-  } else {
-    extremum_grad_slots<scalar_t, 1>(item, targets, csc_position, grad_out, positions, compact, width, grad_x,
-                                     partials);
+  const int64_t items = first_pass_items(schedule);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
+       warp += warps) {
+    WorkItem item;
+    if (!work_item(schedule, warp, item)) continue;
+    if (vectorised) {
+      extremum_grad_slots<scalar_t, vec_width<scalar_t>()>(item, targets, csc_position, grad_out, positions,
+                                                           compact, width, grad_x, partials);
+    } else {
+      extremum_grad_slots<scalar_t, 1>(item, targets, csc_position, grad_out, positions, compact, width, grad_x,
+                                       partials);
+    }
   }
 }
 
@@ -315,7 +350,8 @@ std::tuple<at::Tensor, at::Tensor> segment_extremum(const at::Tensor& indptr, co
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
     const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
                             rows_vectorisable(out, width, vec_width<scalar_t>());
-    segment_extremum_kernel<scalar_t><<<first_pass_blocks(schedule), kWarp * kWarpsPerBlock, 0, stream>>>(
+    const int64_t blocks = resident_first_pass_blocks(segment_extremum_kernel<scalar_t>, schedule);
+    segment_extremum_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
         schedule, index_view(indices), x.data_ptr<scalar_t>(), width, vectorised, sign, compact_position,
         out.data_ptr<scalar_t>(), positions.data_ptr(), partial_values.data_ptr<float>(),
         partial_positions.data_ptr<int32_t>());
@@ -362,7 +398,8 @@ at::Tensor segment_extremum_backward(const at::Tensor& csc_indptr, const at::Ten
     constexpr int vec = vec_width<scalar_t>();
     const bool vectorised = rows_vectorisable(grad_out, width, vec) && rows_vectorisable(grad_x, width, vec) &&
                             rows_vectorisable(position, width, vec);
-    segment_extremum_backward_kernel<scalar_t><<<first_pass_blocks(schedule), kWarp * kWarpsPerBlock, 0, stream>>>(
+    const int64_t blocks = resident_first_pass_blocks(segment_extremum_backward_kernel<scalar_t>, schedule);
+    segment_extremum_backward_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
         schedule, index_view(csc_indices), csc_position.data_ptr<int32_t>(), grad_out.data_ptr<scalar_t>(),
         position.data_ptr(), compact, width, vectorised, grad_x.data_ptr<scalar_t>(), partials.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -6,7 +6,9 @@
 // further edges (bf16 x 128 features: two edges per step). Heavy rows are
 // cut into tiles, summed per tile in fp32 and merged in tile order by a
 // second pass, so a hub never holds one warp for its whole degree and the
-// result is deterministic.
+// result is deterministic. Warps stay resident and loop over work items (grid
+// stride), so a block is not held by its one long row while the other warps
+// idle.
 //
 // cusparse_spmm: the vendor SpMM (CSR, fp32 compute), the yardstick and the
 // fp32 alternative; gnnio_cli/ops/spmm.py picks between the two.
@@ -102,13 +104,17 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     segment_sum_kernel(RowSchedule schedule, IndexView indices, const float* __restrict__ values,
                        const scalar_t* __restrict__ x, int64_t width, bool vectorised, scalar_t* __restrict__ out,
                        float* __restrict__ partials) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  WorkItem item;
-  if (!work_item(schedule, warp, item)) return;
-  if (vectorised) {
-    sum_slots<scalar_t, vec_width<scalar_t>()>(item, indices, values, x, width, out, partials);
-  } else {
-    sum_slots<scalar_t, 1>(item, indices, values, x, width, out, partials);
+  const int64_t items = first_pass_items(schedule);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
+       warp += warps) {
+    WorkItem item;
+    if (!work_item(schedule, warp, item)) continue;
+    if (vectorised) {
+      sum_slots<scalar_t, vec_width<scalar_t>()>(item, indices, values, x, width, out, partials);
+    } else {
+      sum_slots<scalar_t, 1>(item, indices, values, x, width, out, partials);
+    }
   }
 }
 
@@ -166,7 +172,8 @@ at::Tensor segment_sum(const at::Tensor& indptr, const at::Tensor& indices, cons
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
     const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
                             rows_vectorisable(out, width, vec_width<scalar_t>());
-    segment_sum_kernel<scalar_t><<<first_pass_blocks(schedule), kWarp * kWarpsPerBlock, 0, stream>>>(
+    const int64_t blocks = resident_first_pass_blocks(segment_sum_kernel<scalar_t>, schedule);
+    segment_sum_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
         schedule, index_view(indices), values.has_value() ? values->data_ptr<float>() : nullptr,
         x.data_ptr<scalar_t>(), width, vectorised, out.data_ptr<scalar_t>(), partials.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -47,6 +47,9 @@ def graph_named(name: str) -> Graph:
         graph = random_graph(2000, 20000, hub_degree=100_000, seed=12)
     elif name == "bipartite":
         graph = random_graph(200, 2000, num_dst_nodes=150, seed=13)
+    elif name == "many-rows":
+        # More rows than an H100 keeps warps resident: each warp loops over several.
+        graph = random_graph(40_000, 400_000, hub_degree=20_000, seed=14)
     else:
         raise KeyError(name)
     return graph.to("cuda")
@@ -89,7 +92,20 @@ def test_extremum_matches_reference(graph_name, width, dtype, reduce):
     assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("graph_name", ["small", "hub"])
+@pytest.mark.parametrize("width", (3, 128))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_warps_looping_over_many_rows_match_reference(width, dtype, reduce):
+    """Work items outnumber the resident warps, so every warp of the grid-stride loops takes several rows and tiles."""
+    graph = graph_named("many-rows")
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(30 + width))
+    (out, grad), (oracle, oracle_grad), _ = native_and_oracle(graph, x, reduce, seed=width + 3)
+    assert not torch.isnan(out).any() and not torch.isnan(grad).any()
+    assert torch.equal(out.double(), oracle.detach()), "max/min must pick exactly the reference's values"
+    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("graph_name", ["small", "hub", "many-rows"])
 @pytest.mark.parametrize("reduce", ["max", "min"])
 def test_ties_go_to_the_smallest_source(graph_name, reduce):
     """Few distinct values: most (target, feature) pairs tie; gradients must follow the reference's winners exactly."""

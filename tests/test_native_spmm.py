@@ -58,6 +58,9 @@ def graph_named(name: str) -> Graph:
         graph = random_graph(2000, 20000, hub_degree=100_000, seed=2)
     elif name == "bipartite":
         graph = random_graph(200, 2000, num_dst_nodes=150, seed=3)
+    elif name == "many-rows":
+        # More rows than an H100 keeps warps resident: each warp loops over several.
+        graph = random_graph(40_000, 400_000, hub_degree=20_000, seed=4)
     else:
         raise KeyError(name)
     return graph.to("cuda")
@@ -120,6 +123,27 @@ def test_spmm_matches_reference(monkeypatch, kernel, graph_name, width, dtype, r
     (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 1)
     assert ran["spmm"] == (kernel if dtype == torch.float32 else "csr-vec")  # 16-bit never goes to cuSPARSE
     assert out.dtype == dtype and out.shape == (graph.num_dst_nodes, width)
+    check(out, oracle, torch_out)
+    check(grad, oracle_grad, torch_grad)
+
+
+@pytest.mark.parametrize("width", (32, 128))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduce, weighted", [("sum", False), ("mean", True)])
+def test_warps_looping_over_many_rows_match_reference(monkeypatch, width, dtype, reduce, weighted):
+    """Work items outnumber the resident warps, so every warp of the grid-stride loop takes several rows and tiles."""
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", "csr-vec")
+    graph = graph_named("many-rows")
+    gen = torch.Generator().manual_seed(40 + width)
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
+    weight = randn(graph.num_edges, device="cuda", generator=gen) if weighted else None
+
+    def fn(features):
+        w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
+        return spmm(graph, features, w, reduce)
+
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 2)
+    assert ran["spmm"] == "csr-vec"
     check(out, oracle, torch_out)
     check(grad, oracle_grad, torch_grad)
 
