@@ -232,9 +232,30 @@ def test_cli_bad_input_one_line_nonzero(tmp_path, content, message):
     assert not (tmp_path / "bad.h5").exists()
 
 
-def test_cli_missing_file(tmp_path):
+def test_cli_missing_file_and_folder(tmp_path):
     result = invoke("convert", str(tmp_path / "absent.txt"))
     assert result.exit_code == 1 and str(result.exception) == f"{tmp_path / 'absent.txt'}: no such file"
+    (tmp_path / "absent.h5").write_bytes(b"x")  # an existing output takes the cache-check path first
+    result = invoke("convert", str(tmp_path / "absent.txt"))
+    assert str(result.exception) == f"{tmp_path / 'absent.txt'}: no such file"
+    folder = tmp_path / "edges"
+    folder.mkdir()
+    result = invoke("convert", str(folder), "-o", str(tmp_path / "f.h5"))
+    assert result.exit_code == 1 and str(result.exception) == f"{folder}: is a folder, not an edge list"
+
+
+def test_unwritable_output_folder(tmp_path):
+    path = write_edges(tmp_path / "g.txt", [(0, 1)])
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        result = invoke("convert", path, "-o", str(locked / "g.h5"))
+        assert result.exit_code == 1 and "could not write the graph" in str(result.exception)
+    finally:
+        locked.chmod(0o700)
 
 
 def test_real_entry_point_prints_one_line(tmp_path):
@@ -321,14 +342,14 @@ def test_failure_inside_save_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(store, "_write_structure", failing_write)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(GnnioError, match=r"g\.h5: could not write the graph: disk full \(simulated\)"):
         convert_file(path, out, force=True)
     assert calls == ["/csr"]
     assert out.read_bytes() == b"the previous file"
     assert leftovers(tmp_path) == []
 
     out.unlink()
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(GnnioError, match="simulated"):
         convert_file(path, out)
     assert not out.exists() and leftovers(tmp_path) == []
 

@@ -276,9 +276,7 @@ def convert_file(
     _report(progress, "read")
     digest = None
     if may_reuse and not from_stdin:
-        if not Path(input_path).is_file():
-            raise GnnioError(f"{input_path}: no such file")
-        digest = store.file_sha256(input_path)
+        digest = store.file_sha256(io.check_input_file(input_path))
         if attrs := store.matches_cache(output, digest, params):
             return _cached_summary(input_path, output, attrs, time.perf_counter() - started)
     content = io.read_bytes(input_path)
@@ -296,7 +294,10 @@ def convert_file(
         edges.sha256 = digest or hashing.result()
     stored, summary = convert_edges(edges, options, progress)
     _report(progress, "write")
-    store.save(stored, output)
+    try:
+        store.save(stored, output)
+    except OSError as err:  # permissions, a full disk: say where, without a traceback
+        raise GnnioError(f"{output}: could not write the graph: {err.strerror or err}") from err
     summary.output = str(output)
     summary.seconds = time.perf_counter() - started
     return summary

@@ -87,6 +87,16 @@ class EdgeList:
 # --------------------------------------------------------------------- bytes
 
 
+def check_input_file(path: str) -> Path:
+    """`path` as a Path if it names an existing file, else a one-line GnnioError."""
+    file = Path(path)
+    if not file.exists():
+        raise GnnioError(f"{path}: no such file")
+    if file.is_dir():
+        raise GnnioError(f"{path}: is a folder, not an edge list")
+    return file
+
+
 @dataclass
 class InputBytes:
     """An input file's content. data: uint8 [size], gzip already undone;
@@ -111,11 +121,7 @@ def read_bytes(path: str) -> InputBytes:
                 return InputBytes(np.frombuffer(_gunzip_bytes(raw, "<stdin>"), dtype=np.uint8), head, raw)
             data = np.frombuffer(raw, dtype=np.uint8)
             return InputBytes(data, head, data)
-        file = Path(path)
-        if not file.exists():
-            raise GnnioError(f"{path}: no such file")
-        if file.is_dir():
-            raise GnnioError(f"{path}: is a folder, not an edge list")
+        file = check_input_file(path)
         with open(file, "rb") as handle:
             head = handle.read(4)
             if head.startswith(_GZIP_MAGIC):
