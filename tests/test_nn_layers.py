@@ -168,7 +168,7 @@ def test_gcn_cached_reuses_the_first_normalisation():
     torch.testing.assert_close(ours(x, second), theirs(x, second), **TOLERANCE)
     torch.testing.assert_close(ours(x, second), ours(x, first), **TOLERANCE)
     ours.reset_parameters()
-    assert ours._cached_normalized is None
+    assert ours._cached_normalized is None and ours._cached_graph is None
 
 
 def test_gcn_refuses_loops_without_normalisation_and_pairs():

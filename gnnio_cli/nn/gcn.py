@@ -63,6 +63,7 @@ class GCNConv(ConvBase):
         self.add_self_loops = add_self_loops
         self.normalize = normalize
         self._cached_normalized: Optional[tuple[Graph, Tensor]] = None
+        self._cached_graph: Optional[Graph] = None  # cached=True with plain edges and no weights
         self.lin = Linear(in_channels, out_channels, bias=False, weight_initializer="glorot")
         if bias:
             self.bias = Parameter(torch.empty(out_channels))
@@ -75,6 +76,7 @@ class GCNConv(ConvBase):
         self.lin.reset_parameters()
         zeros_(self.bias)
         self._cached_normalized = None
+        self._cached_graph = None
 
     def forward(self, x: Tensor, edge_index: EdgesInput, edge_weight: Optional[Tensor] = None) -> Tensor:
         if isinstance(x, (tuple, list)):
@@ -85,9 +87,15 @@ class GCNConv(ConvBase):
         if not self.normalize:
             weights = adjacency.values if adjacency.is_sparse else edge_weight
             out = spmm(adjacency.graph, x, weights, reduce=reduce)
+        elif self._cached_graph is not None:
+            out = gcn_propagate(self._cached_graph, x, None, improved=self.improved, add_self_loops=self.add_self_loops)
         elif self._cached_normalized is not None:
             graph, values = self._cached_normalized
             out = spmm(graph, x, values, reduce=reduce)
+        elif self.cached and not adjacency.is_sparse and edge_weight is None and reduce == "sum":
+            # The op keeps this graph's normalisation and its kernels' operator: nothing is rebuilt per call.
+            self._cached_graph = adjacency.graph
+            out = gcn_propagate(adjacency.graph, x, None, improved=self.improved, add_self_loops=self.add_self_loops)
         elif adjacency.is_sparse or self.cached or reduce != "sum":
             graph, values = self._normalized(adjacency, edge_weight, x.dtype)
             if self.cached:

@@ -167,11 +167,15 @@ def build_operator(graph: Graph, edge_values: Optional[torch.Tensor], target_sca
         if target_scale is not None:
             csr_values = csr_values * target_scale.index_select(0, graph.csr_rows)
             csc_values = csc_values * target_scale.index_select(0, graph.csc_indices.long())
+    # The faster kernel depends on the structure, dtype and width, not on the values: every
+    # operator over this graph shares one choice per side, so per-call edge weights never re-time.
     forward = OperatorSide(
-        graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, row_schedule(graph, "csr")
+        graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, row_schedule(graph, "csr"),
+        chosen=graph.cached(("spmm_kernel_choice", "csr"), dict),
     )
     backward = OperatorSide(
-        graph.csc_indptr, graph.csc_indices, csc_values, graph.num_src_nodes, row_schedule(graph, "csc")
+        graph.csc_indptr, graph.csc_indices, csc_values, graph.num_src_nodes, row_schedule(graph, "csc"),
+        chosen=graph.cached(("spmm_kernel_choice", "csc"), dict),
     )
     return SpmmOperator(forward, backward)
 
