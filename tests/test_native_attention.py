@@ -22,7 +22,6 @@ import torch
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import attention as attention_ops
 from gnnio_cli.ops import attention_native, dispatch
-from gnnio_cli.ops.segment import eid_to_slot
 from testing import assert_within_torch_error, random_graph, randn, relative_error, with_index_dtype
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -205,7 +204,7 @@ def test_every_output_element_is_written(channels):
 
 
 class _MaskedFunctional:
-    """torch.nn.functional with dropout replaced by a fixed mask (slot order), for the reference op."""
+    """torch.nn.functional with dropout replaced by a fixed mask (eid order), for the reference op."""
 
     def __init__(self, module, keep):
         self._module, self._keep = module, keep
@@ -233,8 +232,9 @@ def test_dropout_mask_is_regenerated_in_backward(kind, monkeypatch):
     inputs = make_inputs(kind, graph, heads, 8, torch.float32, edges=kind in EDGE_KINDS, seed=23)
     torch.cuda.manual_seed(1234)
     out, _, grads = forward_backward(kind, graph, inputs, "native", dropout=probability, training=True)
-    keep_slot = eid_to_slot(graph, keep if kind != "agnn" else keep.reshape(-1, 1))
-    monkeypatch.setattr(attention_ops, "F", _MaskedFunctional(attention_ops.F, keep_slot))
+    # The reference draws its mask over eid-ordered weights (as PyG does), so the fixed mask is in eid order.
+    keep_eid = keep if kind != "agnn" else keep.reshape(-1, 1)
+    monkeypatch.setattr(attention_ops, "F", _MaskedFunctional(attention_ops.F, keep_eid))
     ref_out, _, ref_grads = forward_backward(kind, graph, upcast(inputs), "reference", dropout=probability, training=True)
     assert relative_error(out, ref_out) <= FP32_TOLERANCE
     for name in grads:
