@@ -72,9 +72,18 @@ def run(kind, graph, inputs, backend, **options):
     """The public op under `backend`; returns (out, alpha or None)."""
     if kind in ("gat", "gatv2"):
         options.setdefault("negative_slope", 0.2)
+    op = getattr(attention_ops, f"{kind}_attention")
     with dispatch.use_backend(backend):
         dispatch.reset()
-        result = getattr(attention_ops, f"{kind}_attention")(graph, **inputs, **options)
+        if backend == "native" and options.get("return_attention"):
+            # The kernels' weights carry no gradient, so asking for them with autograd on runs the
+            # reference: read the kernels' weights without autograd, the output from a second call.
+            with torch.no_grad():
+                _, alpha = op(graph, **inputs, **options)
+            assert dispatch.ran()[f"{kind}_attention"].startswith("fused")
+            result = (op(graph, **inputs, **{**options, "return_attention": False}), alpha)
+        else:
+            result = op(graph, **inputs, **options)
         ran = dispatch.ran()[f"{kind}_attention"]
     if backend == "native":
         assert ran.startswith("fused"), ran
@@ -239,6 +248,24 @@ def test_dropout_mask_is_regenerated_in_backward(kind, monkeypatch):
     assert relative_error(out, ref_out) <= FP32_TOLERANCE
     for name in grads:
         assert relative_error(grads[name], ref_grads[name]) <= 10 * FP32_TOLERANCE, name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_weights_with_autograd_take_the_reference(kind):
+    """Weights asked for while autograd tracks the inputs carry PyG's gradient: that call runs the reference."""
+    graph = small_graph().to("cuda")
+    heads = 1 if kind == "agnn" else 2
+    inputs = make_inputs(kind, graph, heads, 8, torch.float32, seed=41)
+    results = {}
+    for backend in ("native", "reference"):
+        with dispatch.use_backend(backend):
+            dispatch.reset()
+            out, alpha = getattr(attention_ops, f"{kind}_attention")(graph, **inputs, return_attention=True)
+            assert dispatch.ran()[f"{kind}_attention"] == "reference"
+        loss = out.sum() + (alpha * torch.arange(alpha.numel(), device="cuda").reshape(alpha.shape)).sum()
+        results[backend] = torch.autograd.grad(loss, list(inputs.values()))
+    for native_grad, reference_grad in zip(results["native"], results["reference"]):
+        torch.testing.assert_close(native_grad, reference_grad, rtol=1e-5, atol=1e-5)
 
 
 def test_dropout_statistics_and_fresh_masks():

@@ -78,7 +78,7 @@ def gat_attention(
     check_same_dtype(op, x_src=x_src, alpha_src=alpha_src, alpha_dst=alpha_dst, edge_alpha=edge_alpha)
 
     backend = dispatch.pick(op, x_src, alpha_src, alpha_dst, edge_alpha)
-    if backend == "native" and attention_native.supports(x_src, alpha_src, alpha_dst, edge_alpha):
+    if backend == "native" and attention_native.supports(x_src, alpha_src, alpha_dst, edge_alpha, return_attention=return_attention):
         return attention_native.gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
@@ -125,7 +125,7 @@ def gatv2_attention(
     check_same_dtype(op, x_src=x_src, x_dst=x_dst, att=att, edge_feat=edge_feat)
 
     backend = dispatch.pick(op, x_src, x_dst, att, edge_feat)
-    if backend == "native" and attention_native.supports(x_src, x_dst, att, edge_feat):
+    if backend == "native" and attention_native.supports(x_src, x_dst, att, edge_feat, return_attention=return_attention):
         return attention_native.gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
@@ -173,7 +173,7 @@ def transformer_attention(
     check_same_dtype(op, query=query, key=key, value=value, edge_feat=edge_feat)
 
     backend = dispatch.pick(op, query, key, value, edge_feat)
-    if backend == "native" and attention_native.supports(query, key, value, edge_feat):
+    if backend == "native" and attention_native.supports(query, key, value, edge_feat, return_attention=return_attention):
         return attention_native.transformer_attention(graph, query, key, value, edge_feat, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(query.dtype)
@@ -220,7 +220,7 @@ def agnn_attention(
     check_same_dtype(op, x_src=x_src, x_dst=x_dst)
 
     backend = dispatch.pick(op, x_src, x_dst, beta)
-    if backend == "native" and attention_native.supports(x_src, x_dst, beta):
+    if backend == "native" and attention_native.supports(x_src, x_dst, beta, return_attention=return_attention):
         return attention_native.agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)

@@ -46,11 +46,18 @@ TILE_AVERAGE_FACTOR = 4
 MAX_TILES_PER_ROW = 4096
 
 
-def supports(*tensors: Optional[torch.Tensor], channels: Optional[int] = None) -> bool:
-    """Whether the fused kernels take these inputs: CUDA, fp32/fp16/bf16, head width <= MAX_CHANNELS."""
+def supports(*tensors: Optional[torch.Tensor], channels: Optional[int] = None, return_attention: bool = False) -> bool:
+    """Whether the fused kernels take these inputs: CUDA, fp32/fp16/bf16, head width <= MAX_CHANNELS.
+
+    The kernels return attention weights without a gradient, so a call that asks
+    for the weights while autograd tracks its inputs goes to the reference, whose
+    weights carry one (as PyG's do): never a silently missing gradient.
+    """
     present = [t for t in tensors if t is not None]
     if channels is None:
         channels = present[0].shape[-1]
+    if return_attention and torch.is_grad_enabled() and any(t.requires_grad for t in present):
+        return False
     return channels <= MAX_CHANNELS and all(t.is_cuda and t.dtype in NATIVE_DTYPES for t in present)
 
 
