@@ -24,22 +24,15 @@ from gnnio_cli.ops import attention as attention_ops
 from gnnio_cli.ops import attention_native, dispatch
 from testing import assert_within_torch_error, random_graph, randn, relative_error, with_index_dtype
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("native_extension"),
+]
 
 KINDS = ("gat", "gatv2", "transformer", "agnn")
 EDGE_KINDS = ("gat", "gatv2", "transformer")
 FP32_TOLERANCE = 2e-4
 DATASETS = Path(os.environ.get("GNNIO_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def native_extension():
-    from gnnio_cli import native
-
-    try:
-        native.load()
-    except Exception as error:  # the reason is the skip message
-        pytest.skip(f"native extension unavailable: {error}")
 
 
 # ----------------------------------------------------------------- helpers

@@ -10,7 +10,6 @@ unless CUDA is visible and the native extension builds.
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
@@ -18,41 +17,21 @@ import torch
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import aggregate, dispatch
 from gnnio_cli.ops import reduce_native
-from testing import DTYPES, poison_cuda_cache, random_graph, randn, relative_error, with_index_dtype
+from testing import named_test_graph, DTYPES, poison_cuda_cache, randn, relative_error
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("native_extension"),
+]
 
 WIDTHS = (1, 3, 32, 33, 128, 130, 256)
 GRAD_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def native_extension():
-    from gnnio_cli import native
 
-    try:
-        native.load()
-    except Exception as error:  # the reason is the skip message
-        pytest.skip(f"native extension unavailable: {error}")
-
-
-@functools.lru_cache(maxsize=None)
 def graph_named(name: str) -> Graph:
-    """Graphs with empty rows, an isolated node, self-loops and duplicates; 'hub' adds a 100k in-degree target."""
-    if name == "small":
-        graph = random_graph(300, 3000, seed=11)
-    elif name == "small-int64":
-        graph = with_index_dtype(random_graph(300, 3000, seed=11), torch.int64)
-    elif name == "hub":
-        graph = random_graph(2000, 20000, hub_degree=100_000, seed=12)
-    elif name == "bipartite":
-        graph = random_graph(200, 2000, num_dst_nodes=150, seed=13)
-    elif name == "many-rows":
-        # More rows than an H100 keeps warps resident: each warp loops over several.
-        graph = random_graph(40_000, 400_000, hub_degree=20_000, seed=14)
-    else:
-        raise KeyError(name)
-    return graph.to("cuda")
+    """One of the shared CUDA test graphs (see testing.named_test_graph), with this file's seeds."""
+    return named_test_graph(name, seed_base=11).to("cuda")
 
 
 def native_and_oracle(graph: Graph, x: torch.Tensor, reduce: str, seed: int):

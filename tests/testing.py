@@ -7,6 +7,7 @@ DEVICES only when torch sees a GPU. Append new helpers; do not reshape these.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import numpy as np
@@ -147,3 +148,25 @@ def poison_cuda_cache(nbytes: int) -> None:
     """
     poison = torch.full((max(nbytes, 4) // 4 + 1,), float("nan"), dtype=torch.float32, device="cuda")
     del poison
+
+
+@functools.lru_cache(maxsize=None)
+def named_test_graph(name: str, seed_base: int = 0) -> Graph:
+    """The kernel tests' graphs (CPU; callers move them), all with empty rows, an isolated node,
+    self-loops and duplicates:
+
+    small / small-int64: 300 nodes, 3,000 edges (int32 / int64 indices);
+    hub: a target of in-degree 100,000; bipartite: 200 sources, 150 targets;
+    many-rows: 40,000 nodes and a 20,000 in-degree hub, more rows than a GPU keeps warps resident.
+    """
+    if name == "small":
+        return random_graph(300, 3000, seed=seed_base)
+    if name == "small-int64":
+        return with_index_dtype(random_graph(300, 3000, seed=seed_base), torch.int64)
+    if name == "hub":
+        return random_graph(2000, 20000, hub_degree=100_000, seed=seed_base + 1)
+    if name == "bipartite":
+        return random_graph(200, 2000, num_dst_nodes=150, seed=seed_base + 2)
+    if name == "many-rows":
+        return random_graph(40_000, 400_000, hub_degree=20_000, seed=seed_base + 3)
+    raise KeyError(name)
