@@ -63,3 +63,24 @@ def test_wiki_vote_numbers(tmp_path):
     assert graph.num_edges == 103_689
     assert int(graph.in_degree.max()) == 457
     assert int(graph.out_degree.max()) == 893
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e["name"])
+def test_profile_degree_json_states_the_manifest_max_degree(entry, tmp_path):
+    """`gnnio profile-degree --json` on each converted dataset reports the manifest's degrees."""
+    from click.testing import CliRunner
+
+    from gnnio_cli.cli import cli
+
+    stats = entry["stats"]
+    options = ConvertOptions() if entry["directed"] else ConvertOptions(undirected=True, self_loops="drop")
+    convert_file(str(DATASETS / stats["file"]), tmp_path / "g.h5", options)
+    result = CliRunner().invoke(cli, ["profile-degree", str(tmp_path / "g.h5"), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    profile = json.loads(result.output)["profile"]
+    assert profile["undirected_degree"]["max"] == stats["sym_max_deg"]
+    if entry["directed"]:
+        assert profile["in_degree"]["max"] == stats["max_in_deg"]
+        assert profile["out_degree"]["max"] == stats["max_out_deg"]
+    else:
+        assert profile["in_degree"]["max"] == stats["sym_max_deg"]
