@@ -15,7 +15,8 @@ def restore_configuration():
 
 def test_every_suite_runs_and_writes_verdicts(tmp_path):
     pytest.importorskip("torch_geometric")
-    status = acceptance.main(["--out", str(tmp_path), "--device", "cpu", "--graphs", "grid6", "--headline", "grid6"])
+    status = acceptance.main(["--out", str(tmp_path), "--device", "cpu", "--graphs", "grid6", "--headline", "grid6",
+                              "--super-node-degree", "200"])
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())
     broken = [v["criterion"] for v in verdicts if v["criterion"].startswith("suite ran")]
     assert broken == []
@@ -24,6 +25,7 @@ def test_every_suite_runs_and_writes_verdicts(tmp_path):
     criteria = {v["criterion"] for v in verdicts}
     assert "gcn fwd / SpMM" in criteria and "sage-max layer train speedup over PyG" in criteria
     assert "patched vs PyG output max rel. error" in criteria
+    assert "gatv2 fwd+bwd with super node / without" in criteria
     dropin = [v for v in verdicts if v["criterion"] == "patched vs PyG output max rel. error"][0]
     assert dropin["passed"], dropin
     for name in ("spmm_grid6_fp32.json", "attention_grid6_bf16.json", "dropin_grid6.json", "study_grid6.json"):

@@ -110,3 +110,15 @@ def test_compare_reorder_and_shuffled_graph():
     assert rcm["locality"]["bandwidth"] < none["locality"]["bandwidth"]
     for run in none["results"][0]["runs"]:
         assert run["saved_ms_per_step"] == 0 and run["payback_steps"] is None
+
+
+def test_graph_modifiers_hub_and_spread():
+    from gnnio_cli.graph import catalog
+
+    hub, spread = catalog.resolve("grid8+hub300"), catalog.resolve("grid8+spread300")
+    assert hub.graph.num_nodes == spread.graph.num_nodes == 65
+    assert hub.graph.num_edges == spread.graph.num_edges == 224 + 300
+    assert int(hub.graph.in_degree[64]) == 300 and int(spread.graph.in_degree[64]) == 0
+    assert hub.name == "grid8+hub300"
+    with pytest.raises(Exception, match="unknown modifier"):
+        catalog.resolve("grid8+hubby")

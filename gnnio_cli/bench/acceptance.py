@@ -24,6 +24,7 @@ from gnnio_cli.bench import report
 # A test runs them on CPU with tiny graphs to keep this module honest.
 DEVICE = "cuda"
 HEADLINE_GRAPH = "rmat20"
+SUPER_NODE_DEGREE = 2_000_000
 
 SPMM_LAYERS = ["gcn", "sage-sum", "sage-mean"]
 REDUCE_LAYERS = ["sage-max", "sage-min"]
@@ -134,7 +135,24 @@ def run_attention_suite(graphs, out: Path) -> list[Verdict]:
             layers = _compare(graph, ["gatv2", "transformer", "gat"], ["pyg"], "layer", repeat=5)
             _write(out / f"attention_{graph}_layers.json", layers)
             verdicts += _layer_verdicts("attention", graph, layers, 15.0, ("absolute_mib", 4.5 * 1000**3 / 2**20))
+            verdicts += _super_node_verdicts(graph, out)
         torch.cuda.empty_cache()
+    return verdicts
+
+
+def _super_node_verdicts(graph: str, out: Path) -> list[Verdict]:
+    """One target of in-degree SUPER_NODE_DEGREE on the graph, against the same edges spread evenly."""
+    verdicts, timings = [], {}
+    for kind in ("hub", "spread"):
+        spec = f"{graph}+{kind}{SUPER_NODE_DEGREE}"
+        timings[kind] = _compare(spec, ["gatv2", "transformer"], [], "aggregation")
+        _write(out / f"attention_{graph}_{kind}.json", timings[kind])
+    for hub, spread in zip(timings["hub"]["results"], timings["spread"]["results"]):
+        for phase in ("forward", "train"):
+            ratio = _median(_runs(hub)["gnnio"], phase) / _median(_runs(spread)["gnnio"], phase)
+            label = "fwd" if phase == "forward" else "fwd+bwd"
+            verdicts.append(Verdict("attention", graph, f"{hub['layer']} {label} with super node / without", ratio,
+                                    1.5, ratio <= 1.5))
     return verdicts
 
 
@@ -238,9 +256,9 @@ SUITES = {"spmm": run_spmm_suite, "attention": run_attention_suite, "dropin": ru
           "study": run_study_suite}
 
 
-def configure(device: str, headline: str) -> None:
-    global DEVICE, HEADLINE_GRAPH
-    DEVICE, HEADLINE_GRAPH = device, headline
+def configure(device: str, headline: str, super_node_degree: int = 2_000_000) -> None:
+    global DEVICE, HEADLINE_GRAPH, SUPER_NODE_DEGREE
+    DEVICE, HEADLINE_GRAPH, SUPER_NODE_DEGREE = device, headline, super_node_degree
 
 
 def main(argv=None) -> int:
@@ -250,8 +268,9 @@ def main(argv=None) -> int:
     parser.add_argument("--graphs", default="rmat20,uniform20,grid1024")
     parser.add_argument("--device", default=DEVICE)
     parser.add_argument("--headline", default=HEADLINE_GRAPH, help="graph for the bf16, whole-layer and drop-in checks")
+    parser.add_argument("--super-node-degree", type=int, default=SUPER_NODE_DEGREE)
     args = parser.parse_args(argv)
-    configure(args.device, args.headline)
+    configure(args.device, args.headline, args.super_node_degree)
     args.out.mkdir(parents=True, exist_ok=True)
     verdicts: list[Verdict] = []
     started = time.time()

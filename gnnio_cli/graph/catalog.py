@@ -8,14 +8,21 @@
   `gridN`);
 - nothing: the bundled Cora citation graph in `sample_graphs/`.
 
-Any of these followed by `+shuffled` (e.g. `grid1024+shuffled`) is the same
-graph with its node ids randomly permuted (seed 0): the starting point for
-measuring what a reordering recovers.
+Any of these can be followed by modifiers, applied left to right:
+
+- `+shuffled` (e.g. `grid1024+shuffled`): node ids randomly permuted (seed 0),
+  the starting point for measuring what a reordering recovers;
+- `+hubK` (e.g. `rmat20+hub2000000`): one more node, the target of K edges
+  from random sources (repeats allowed, so K may exceed the node count): a
+  super node;
+- `+spreadK`: one more (isolated) node and K more edges between random nodes:
+  the same node and edge counts as `+hubK` without the super node.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -25,7 +32,7 @@ from gnnio_cli.graph.graph import Graph
 
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "sample_graphs"
 SAMPLE_GRAPH = SAMPLE_DIR / "cora.edges.txt.gz"
-SHUFFLED = "+shuffled"
+MODIFIER = re.compile(r"shuffled|(hub|spread)(\d+)")
 
 
 @dataclass
@@ -37,12 +44,10 @@ class NamedGraph:
 
 def resolve(spec: Optional[str]) -> NamedGraph:
     """The graph `spec` names (see module docstring); errors name what was asked for."""
-    if spec is not None and spec.endswith(SHUFFLED):
-        named = resolve(spec[: -len(SHUFFLED)] or None)
-        from gnnio_cli.graph.locality import random_order
-
-        shuffled = named.graph.to("cpu").permute(random_order(named.graph.num_nodes, seed=0))
-        return NamedGraph(f"{named.name}{SHUFFLED}", shuffled, named.origin)
+    if spec is not None and "+" in spec and not Path(spec).exists():
+        base, modifier = spec.rsplit("+", 1)
+        named = resolve(base or None)
+        return NamedGraph(f"{named.name}+{modifier}", _modified(named.graph, modifier, spec), named.origin)
     if spec is None or spec == "sample":
         return _sample()
     path = Path(spec)
@@ -51,6 +56,29 @@ def resolve(spec: Optional[str]) -> NamedGraph:
 
         return NamedGraph(path.stem, store.load(path).graph, str(path))
     return _generated(spec)
+
+
+def _modified(graph: Graph, modifier: str, spec: str) -> Graph:
+    """`graph` changed by one `+modifier` (see module docstring); seeded, so reproducible."""
+    import numpy as np
+
+    graph = graph.to("cpu")
+    match = MODIFIER.fullmatch(modifier)
+    if match is None:
+        raise GnnioError(f"--graph {spec}: unknown modifier '+{modifier}'; use +shuffled, +hubK or +spreadK")
+    if modifier == "shuffled":
+        from gnnio_cli.graph.locality import random_order
+
+        return graph.permute(random_order(graph.num_nodes, seed=0))
+    kind, count = match.group(1), int(match.group(2))
+    rng = np.random.default_rng(0)
+    n = graph.num_nodes
+    edges = graph.edge_index().numpy()
+    sources = rng.integers(0, n, count)
+    targets = np.full(count, n, dtype=np.int64) if kind == "hub" else rng.integers(0, n, count)
+    src = np.concatenate([edges[0], sources])
+    dst = np.concatenate([edges[1], targets])
+    return Graph.from_arrays(src, dst, n + 1, n + 1)
 
 
 @functools.lru_cache(maxsize=4)
