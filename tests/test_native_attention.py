@@ -289,3 +289,18 @@ def test_shipped_datasets(path):
     for kind in KINDS:
         inputs = make_inputs(kind, graph, 2, 16, torch.float32, edges=kind in EDGE_KINDS, seed=37)
         check_against_oracle(kind, graph, inputs)
+
+
+def test_every_schedule_candidate_computes_the_same_function():
+    """`compare --schedules` forces other tile lengths: each must give the chosen schedule's results."""
+    graph = small_graph().to("cuda")
+    candidates = attention_native.schedule_candidates(graph)
+    assert candidates[0] is None and candidates[-1] >= int(graph.in_degree.max())  # chosen ... no split
+    inputs = make_inputs("gatv2", graph, 2, 8, torch.float32, seed=43)
+    chosen_out, _, chosen_grads = forward_backward("gatv2", graph, inputs, "native")
+    for tile_edges in candidates[1:]:
+        with attention_native.forced_tile_edges(tile_edges):
+            out, _, grads = forward_backward("gatv2", graph, inputs, "native")
+        assert relative_error(out, chosen_out) <= FP32_TOLERANCE, tile_edges
+        for name in grads:
+            assert relative_error(grads[name], chosen_grads[name]) <= 10 * FP32_TOLERANCE, (tile_edges, name)

@@ -122,3 +122,21 @@ def test_graph_modifiers_hub_and_spread():
     assert hub.name == "grid8+hub300"
     with pytest.raises(Exception, match="unknown modifier"):
         catalog.resolve("grid8+hubby")
+
+
+@pytest.mark.parametrize(
+    "layer, fragment", [("gatv2", "needs --device cuda"), ("sage-max", "only attention layers")]
+)
+def test_compare_schedules_refuses_what_it_cannot_time(layer, fragment):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    completed = subprocess.run(
+        [sys.executable, "-m", "gnnio_cli", "compare", "--layer", layer, "--graph", "grid8", "--schedules",
+         "--device", "cpu"],
+        capture_output=True, text=True,
+    )
+    assert completed.returncode == 1
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], completed.stderr

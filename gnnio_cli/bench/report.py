@@ -194,8 +194,36 @@ def compare_layer(named: catalog.NamedGraph, settings: workloads.Settings, again
     return {"layer": settings.layer, "settings": asdict(settings), "scope": scope, "runs": runs}
 
 
+def compare_schedules(named: catalog.NamedGraph, settings: workloads.Settings, *, backward: bool, repeat: int,
+                      warmup: int, bandwidth: Optional[float]) -> list[dict]:
+    """The attention op under each candidate row schedule (tile length of the split target rows)."""
+    from gnnio_cli import native
+    from gnnio_cli.ops import attention_native
+
+    if settings.layer not in workloads.ATTENTION_LAYERS:
+        raise GnnioError(f"--schedules: only attention layers have schedules to choose from, not '{settings.layer}'")
+    if torch.device(settings.device).type != "cuda":
+        raise GnnioError("--schedules times the fused attention kernels: it needs --device cuda")
+    native.load()
+    graph = named.graph.to(settings.device)
+    subject = workloads.op_workload(graph, settings)
+    device = torch.device(settings.device)
+    runs = []
+    for tile_edges in attention_native.schedule_candidates(graph):
+        with attention_native.forced_tile_edges(tile_edges):
+            run = measurement_dict(measure(subject, device, backend="native", backward=backward, repeat=repeat,
+                                           warmup=warmup, bandwidth_gbs=bandwidth),
+                                   label="chosen" if tile_edges is None else f"tile {tile_edges}")
+        runs.append(run)
+    for run in runs[1:]:
+        run["gnnio_speedup_forward"] = run["forward_ms"]["median_ms"] / runs[0]["forward_ms"]["median_ms"]
+        if backward:
+            run["gnnio_speedup_train"] = run["train_ms"]["median_ms"] / runs[0]["train_ms"]["median_ms"]
+    return runs
+
+
 def compare(*, layers, graph_spec, against, scope, features, heads, dtype, device, backward, repeat, warmup, seed,
-            reorders=()) -> dict:
+            reorders=(), schedules=False) -> dict:
     """`gnnio compare`: every layer in `layers` through gnnio and each target, one process, one graph.
 
     With `reorders` (method names of `gnnio reorder`), the whole comparison is
@@ -227,6 +255,15 @@ def compare(*, layers, graph_spec, against, scope, features, heads, dtype, devic
         "against": against,
         "scope": scope,
     }
+    if schedules:
+        document["schedules"] = [
+            {"layer": layer, "runs": compare_schedules(
+                named, workloads.Settings(layer=layer, features=features, heads=heads, dtype=dtype, device=device_name,
+                                          seed=seed),
+                backward=backward, repeat=repeat, warmup=warmup, bandwidth=bandwidth)}
+            for layer in layers
+        ]
+        return document
     if not reorders:
         document["results"] = compare_all(named)
         return document

@@ -25,11 +25,14 @@ def _split(ctx, param, value):
               help="Repeat the comparison on the graph relabelled by each of these orders (e.g. "
                    "none,rcm,degree,rabbit,random): time per order, the order's cost, and the training "
                    "steps that repay it relative to the first order listed.")
+@click.option("--schedules", is_flag=True,
+              help="Attention layers: time the fused kernels under every candidate row schedule (the chosen one, "
+                   "fixed tile lengths for split rows, no split) so the choice can be checked. Needs a GPU.")
 @options.workload_options
 @options.timing_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def command(layers, graph, against, scope, reorders, features, heads, dtype, device, backward, repeat, warmup, seed,
-            as_json):
+def command(layers, graph, against, scope, reorders, schedules, features, heads, dtype, device, backward, repeat,
+            warmup, seed, as_json):
     """Compare gnnio with the reference, cuSPARSE and PyG on one graph, in one process.
 
     For each layer: forward and forward+backward time, peak memory, the ratio
@@ -45,7 +48,7 @@ def command(layers, graph, against, scope, reorders, features, heads, dtype, dev
             raise GnnioError(f"--layer {layer}: unknown layer; choose from {', '.join(LAYERS)}")
     result = report.compare(layers=layers, graph_spec=graph, against=against, scope=scope, features=features,
                             heads=heads, dtype=dtype, device=device, backward=backward, repeat=repeat,
-                            warmup=warmup, seed=seed, reorders=reorders)
+                            warmup=warmup, seed=seed, reorders=reorders, schedules=schedules)
     if as_json:
         emit_json(result)
         return
@@ -56,6 +59,12 @@ def command(layers, graph, against, scope, reorders, features, heads, dtype, dev
         ("scope", result["scope"]),
         ("copy bandwidth", "-" if result["copy_bandwidth_gbs"] is None else f"{result['copy_bandwidth_gbs']:,.0f} GB/s"),
     ]))
+    if schedules:
+        for entry in result["schedules"]:
+            rows = [report.compare_row(run) for run in entry["runs"]]
+            stdout.print(table(f"{entry['layer']}: row schedules (speedup column: chosen over this one)",
+                               report.COMPARE_COLUMNS, rows))
+        return
     if reorders:
         for index, layer in enumerate(layers):
             rows = [report.reorder_row(entry["method"], entry["reorder_seconds"], entry["locality"], run)

@@ -22,8 +22,10 @@ attention weights carry no gradient.
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -112,6 +114,30 @@ def build_row_schedule(indptr: torch.Tensor, tile_edges: int) -> RowSchedule:
     position = torch.arange(num_tiles, device=indptr.device) - first_tile
     tile_start = indptr[tile_row] + position * tile_edges
     return RowSchedule(tile_edges, tile_row, tile_start, heavy_rows, heavy_tile_ptr)
+
+
+_forced = threading.local()
+
+
+@contextmanager
+def forced_tile_edges(tile_edges: Optional[int]) -> Iterator[None]:
+    """Run the enclosed attention calls with target rows cut at `tile_edges` (None: the graph's choice).
+
+    For `gnnio compare --schedules`, which times each candidate to check the choice.
+    """
+    previous = getattr(_forced, "tile_edges", None)
+    _forced.tile_edges = tile_edges
+    try:
+        yield
+    finally:
+        _forced.tile_edges = previous
+
+
+def schedule_candidates(graph: Graph) -> list[Optional[int]]:
+    """Tile lengths worth timing for `graph`'s target rows: the chosen one (None), fixed sizes, and no split."""
+    longest = int(graph.in_degree.max()) if graph.num_edges else 0
+    fixed = [size for size in (128, 512, 2048) if size < longest]
+    return [None, *fixed, max(longest, MIN_TILE_EDGES)]
 
 
 def row_schedule(graph: Graph, side: str, tile_edges: Optional[int] = None) -> RowSchedule:
@@ -207,7 +233,7 @@ def _run(
     """Run the fused op; returns out or (out, alpha [E, H] in eid order)."""
     tensors = tuple(None if t is None else t.contiguous() for t in tensors)
     heads = tensors[0].shape[1]
-    csr, csc = row_schedule(graph, "csr"), row_schedule(graph, "csc")
+    csr, csc = row_schedule(graph, "csr", getattr(_forced, "tile_edges", None)), row_schedule(graph, "csc")
     dropout = float(dropout) if training else 0.0
     seed = offset = 0
     if dropout > 0.0:
