@@ -161,16 +161,8 @@ def simple_graph(src: np.ndarray, dst: np.ndarray, num_nodes: int, node_ids=None
     csr_indptr, csr_indices, duplicates = deduplicate_csr(src, dst, num_nodes, np_index)
     csc_indptr, csc_indices, csc_eid = transpose(csr_indptr, csr_indices, num_nodes, np_index, scratch=src, eid_out=dst)
     csr_eid = positions(csr_indices.shape[0], out=src)
-    graph = Graph(
-        csr_indptr=torch.from_numpy(csr_indptr),
-        csr_indices=torch.from_numpy(csr_indices),
-        csr_eid=torch.from_numpy(csr_eid),
-        csc_indptr=torch.from_numpy(csc_indptr),
-        csc_indices=torch.from_numpy(csc_indices),
-        csc_eid=torch.from_numpy(csc_eid),
-        num_src_nodes=num_nodes,
-        num_dst_nodes=num_nodes,
-        node_ids=None if node_ids is None else torch.as_tensor(node_ids, dtype=torch.int64),
+    graph = Graph.from_compressed(
+        (csr_indptr, csr_indices, csr_eid), (csc_indptr, csc_indices, csc_eid), num_nodes, num_nodes, node_ids
     )
     return graph, duplicates
 

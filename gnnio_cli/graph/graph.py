@@ -103,6 +103,14 @@ class Graph:
         np_idx = np.int32 if idx == torch.int32 else np.int64
         csr_indptr, csr_eid, csr_indices = group_by(dst, num_dst, values=src, value_dtype=np_idx)
         csc_indptr, csc_eid, csc_indices = group_by(src, num_src, values=dst, value_dtype=np_idx)
+        return Graph.from_compressed(
+            (csr_indptr, csr_indices, csr_eid), (csc_indptr, csc_indices, csc_eid), num_src, num_dst, node_ids
+        )
+
+    @staticmethod
+    def from_compressed(csr: tuple, csc: tuple, num_src: int, num_dst: int, node_ids=None) -> "Graph":
+        """Wrap numpy (indptr, indices, eid) triples of the CSR (rows = targets) and CSC (rows = sources)."""
+        (csr_indptr, csr_indices, csr_eid), (csc_indptr, csc_indices, csc_eid) = csr, csc
         return Graph(
             csr_indptr=torch.from_numpy(csr_indptr),
             csr_indices=torch.from_numpy(csr_indices),
@@ -205,14 +213,13 @@ class Graph:
         new_to_old = np.asarray(new_to_old, dtype=np.int64)
         old_to_new = np.empty_like(new_to_old)
         old_to_new[new_to_old] = np.arange(new_to_old.size, dtype=np.int64)
-        arrays = []
-        for side in ("csr", "csc"):
-            moved = _move_rows(
-                *(getattr(graph, f"{side}_{name}").numpy() for name in ("indptr", "indices", "eid")), new_to_old, old_to_new
-            )
-            arrays += [torch.from_numpy(array) for array in moved]
+        csr, csc = (
+            _move_rows(*(getattr(graph, f"{side}_{name}").numpy() for name in ("indptr", "indices", "eid")),
+                       new_to_old, old_to_new)
+            for side in ("csr", "csc")
+        )
         node_ids = graph.node_ids.numpy()[new_to_old] if graph.node_ids is not None else new_to_old
-        return Graph(*arrays, num_src_nodes=self.num_nodes, num_dst_nodes=self.num_nodes, node_ids=torch.from_numpy(node_ids))
+        return Graph.from_compressed(csr, csc, self.num_nodes, self.num_nodes, node_ids)
 
     def __repr__(self) -> str:
         side = (
