@@ -108,14 +108,14 @@ def run_spmm_suite(graphs, out: Path) -> list[Verdict]:
     bounds = {layer: (1.05, 2.3) for layer in SPMM_LAYERS} | {layer: (1.3, 2.5) for layer in REDUCE_LAYERS}
     for graph in graphs:
         fp32 = _compare(graph, SPMM_LAYERS + REDUCE_LAYERS, ["cusparse"], "aggregation")
-        _write(out / f"spmm_{graph}_fp32.json", fp32)
+        _write(out / f"spmm_{_label(graph)}_fp32.json", fp32)
         verdicts += _aggregation_verdicts("spmm", graph, fp32, bounds)
         if graph == HEADLINE_GRAPH:
             bf16 = _compare(graph, SPMM_LAYERS + REDUCE_LAYERS, [], "aggregation", dtype="bf16")
-            _write(out / f"spmm_{graph}_bf16.json", bf16)
+            _write(out / f"spmm_{_label(graph)}_bf16.json", bf16)
             verdicts += _bf16_verdicts("spmm", graph, fp32, bf16)
             layers = _compare(graph, ["gcn", "sage-max"], ["pyg"], "layer", repeat=5)
-            _write(out / f"spmm_{graph}_layers.json", layers)
+            _write(out / f"spmm_{_label(graph)}_layers.json", layers)
             verdicts += _layer_verdicts("spmm", graph, layers, 10.0, ("fraction_of_pyg", 1 / 8))
         torch.cuda.empty_cache()
     return verdicts
@@ -126,14 +126,14 @@ def run_attention_suite(graphs, out: Path) -> list[Verdict]:
     bounds = {layer: (2.0, 6.0) for layer in ATTENTION_LAYERS}
     for graph in graphs:
         fp32 = _compare(graph, ATTENTION_LAYERS, ["cusparse"], "aggregation")
-        _write(out / f"attention_{graph}_fp32.json", fp32)
+        _write(out / f"attention_{_label(graph)}_fp32.json", fp32)
         verdicts += _aggregation_verdicts("attention", graph, fp32, bounds)
         if graph == HEADLINE_GRAPH:
             bf16 = _compare(graph, ATTENTION_LAYERS, [], "aggregation", dtype="bf16")
-            _write(out / f"attention_{graph}_bf16.json", bf16)
+            _write(out / f"attention_{_label(graph)}_bf16.json", bf16)
             verdicts += _bf16_verdicts("attention", graph, fp32, bf16)
             layers = _compare(graph, ["gatv2", "transformer", "gat"], ["pyg"], "layer", repeat=5)
-            _write(out / f"attention_{graph}_layers.json", layers)
+            _write(out / f"attention_{_label(graph)}_layers.json", layers)
             verdicts += _layer_verdicts("attention", graph, layers, 15.0, ("absolute_mib", 4.5 * 1000**3 / 2**20))
             verdicts += _super_node_verdicts(graph, out)
         torch.cuda.empty_cache()
@@ -146,7 +146,7 @@ def _super_node_verdicts(graph: str, out: Path) -> list[Verdict]:
     for kind in ("hub", "spread"):
         spec = f"{graph}+{kind}{SUPER_NODE_DEGREE}"
         timings[kind] = _compare(spec, ["gatv2", "transformer"], [], "aggregation")
-        _write(out / f"attention_{graph}_{kind}.json", timings[kind])
+        _write(out / f"attention_{_label(graph)}_{kind}.json", timings[kind])
     for hub, spread in zip(timings["hub"]["results"], timings["spread"]["results"]):
         for phase in ("forward", "train"):
             ratio = _median(_runs(hub)["gnnio"], phase) / _median(_runs(spread)["gnnio"], phase)
@@ -230,10 +230,10 @@ def run_study_suite(graphs, out: Path) -> list[Verdict]:
         result = report.compare(layers=STUDY_LAYERS, graph_spec=spec, against=["cusparse"], scope="aggregation",
                                 features=128, heads=4, dtype="fp32", device=DEVICE, backward=True, repeat=10,
                                 warmup=3, seed=0, reorders=STUDY_ORDERS)
-        _write(out / f"study_{graph}.json", result)
+        _write(out / f"study_{_label(graph)}.json", result)
         if graph.startswith("grid"):
             natural = _compare(graph, ["gatv2"], ["cusparse"], "aggregation")
-            _write(out / f"study_{graph}_natural.json", natural)
+            _write(out / f"study_{_label(graph)}_natural.json", natural)
             natural_runs = _runs(natural["results"][0])
             gatv2_index = STUDY_LAYERS.index("gatv2")
             for entry in result["reorders"]:
@@ -246,6 +246,11 @@ def run_study_suite(graphs, out: Path) -> list[Verdict]:
                                             1.2, ratio <= 1.2))
         torch.cuda.empty_cache()
     return verdicts
+
+
+def _label(graph: str) -> str:
+    """The name a graph's JSON files and verdicts carry: a `.h5` path by its stem."""
+    return Path(graph).stem if graph.endswith(".h5") else graph
 
 
 def _write(path: Path, document: dict) -> None:
