@@ -14,7 +14,7 @@ from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph.blocked import DEGREE_BUCKETS
 from gnnio_cli.graph.generate import standard_graph
 from gnnio_cli.graph.locality import locality, random_order
-from gnnio_cli.graph.reorder import METHODS, reorder, reorder_stored
+from gnnio_cli.graph.reorder import METHODS, reorder, reorder_stored, warm_up
 from gnnio_cli.graph.store import Permutation, StoredGraph, load, save
 from tests.testing import edge_list, random_graph
 
@@ -74,6 +74,8 @@ def test_unknown_method_and_bipartite():
     graph = random_graph(10, 30, seed=1)
     with pytest.raises(GnnioError, match="--method: unknown reordering 'metis'"):
         reorder(graph, "metis")
+    with pytest.raises(GnnioError, match="--method: unknown reordering 'metis'"):
+        warm_up("metis")
     with pytest.raises(GnnioError, match="bipartite"):
         reorder(random_graph(10, 30, seed=1, num_dst_nodes=6), "degree")
 

@@ -275,8 +275,9 @@ def compare(*, layers, graph_spec, against, scope, features, heads, dtype, devic
 
 def _compare_reordered(named: catalog.NamedGraph, method: str, seed: int, cache: CacheModel, compare_all) -> dict:
     from gnnio_cli.graph.locality import locality
-    from gnnio_cli.graph.reorder import reorder
+    from gnnio_cli.graph.reorder import reorder, warm_up
 
+    warm_up(method)
     permutation = reorder(named.graph, method, seed)
     graph = named.graph.to("cpu").permute(permutation.new_to_old)
     metrics = locality(graph, cache=cache)
