@@ -467,14 +467,13 @@ def _register_fakes() -> None:
     def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges):
         return x.new_empty((num_rows, x.shape[1]))
 
-    @torch.library.register_fake("gnnio::segment_extremum")
-    def _(indptr, indices, x, num_rows, is_min, compact_position, tile_row, tile_start, heavy_rows, heavy_tile_ptr,
-          tile_edges):
-        position_dtype = torch.int16 if compact_position else torch.int32
-        return x.new_empty((num_rows, x.shape[1])), x.new_empty((num_rows, x.shape[1]), dtype=position_dtype)
+    @torch.library.register_fake("gnnio::segment_extremum_masked")
+    def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges):
+        return x.new_empty((num_rows, x.shape[1])), x.new_empty((indices.shape[0], (x.shape[1] + 31) // 32),
+                                                                dtype=torch.int32)
 
-    @torch.library.register_fake("gnnio::segment_extremum_backward")
-    def _(csc_indptr, csc_indices, csc_position, grad_out, position, num_src, tile_row, tile_start, heavy_rows,
+    @torch.library.register_fake("gnnio::segment_extremum_masked_backward")
+    def _(csc_indptr, csc_indices, csc_mask_slot, grad_out, masks, num_src, tile_row, tile_start, heavy_rows,
           heavy_tile_ptr, tile_edges):
         return grad_out.new_empty((num_src, grad_out.shape[1]))
 

@@ -23,26 +23,6 @@ TORCH_LIBRARY(gnnio, m) {
       "segment_sum(Tensor indptr, Tensor indices, Tensor? values, Tensor x, int num_rows, "
       "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges) -> Tensor");
 
-  // Per-feature max (or min with is_min) over each row's sources. Returns
-  // (out [R, F] in x's dtype, 0 in empty rows; position [R, F]: for each
-  // (row, feature) the slot of the winner counted from the row's first slot,
-  // as int16 read as unsigned when compact_position (every row has at most
-  // 65,536 slots) else int32). Winner: the largest value (NaN counts as
-  // largest), ties to the smallest source id, then the earliest slot.
-  m.def(
-      "segment_extremum(Tensor indptr, Tensor indices, Tensor x, int num_rows, bool is_min, "
-      "bool compact_position, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, "
-      "int tile_edges) -> (Tensor, Tensor)");
-
-  // Gradient of segment_extremum with respect to x, without atomics: for each
-  // source s (a CSC row), the sum of grad_out[t, f] over the targets t whose
-  // winner for feature f is this slot. csc_position int32 [E]: for each CSC
-  // slot, the position of the same edge in its CSR row. Returns [num_src, F].
-  m.def(
-      "segment_extremum_backward(Tensor csc_indptr, Tensor csc_indices, Tensor csc_position, Tensor grad_out, "
-      "Tensor position, int num_src, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, "
-      "Tensor heavy_tile_ptr, int tile_edges) -> Tensor");
-
   // cuSPARSE SpMM (CSR, fp32 compute): out[r] = sum_k values[k] * x[indices[k]].
   // indptr and indices share one index dtype (int32 or int64); values has x's
   // dtype. workspace: a uint8 buffer of at least cusparse_spmm_buffer_size bytes.

@@ -1,18 +1,27 @@
 // Reduction family: per-feature max and min over each target's sources, and
 // their gradient.
 //
-// Forward: the degree-aware schedule of common.cuh. A light row is one warp
-// with 128-bit feature loads; a heavy row is cut into tiles whose winners
-// (value and position) a second pass merges. For each (row, feature) the
-// winner's position within the row is saved: 16 bits when no row has more
-// than 65,536 slots, else 32 (a quarter or a half of an fp32 output's bytes,
-// where a source id would need as much as the output).
+// Forward: the degree-aware schedule of common.cuh over a CSR whose rows list
+// their sources in ascending order (gnnio_cli/ops/reduce_native.py sorts a
+// copy once per graph when the graph's own rows are not). A light row is one
+// warp with 128-bit feature loads; a heavy row is cut into tiles whose
+// winners (value and position) a second pass merges. In a source-sorted row
+// "ties go to the smallest source" is "ties go to the earliest slot", so the
+// scan keeps a value only when it is strictly larger: one compare and two
+// selects per feature and edge, no source reads. NaN (which must win) is only
+// flagged on the way; a warp that saw one scans its item again with the full
+// order.
 //
-// Backward: no atomics. Each source row of the CSC gathers, over its
-// out-edges, the output gradient of every (target, feature) whose saved
-// winner is that very edge, comparing the saved position with the edge's CSR
-// position. Sums run in fp32 in slot order (heavy sources per tile, merged in
-// tile order), so the gradient is deterministic.
+// Instead of a winner per (target, feature), the forward records per edge
+// which features it won: a bit mask [E, ceil(F / 32)] in CSR slot order,
+// built per light row in shared memory (no global atomics), written zero by
+// heavy rows' tiles and filled in by their merge pass.
+//
+// Backward: no atomics. Each source row of the CSC walks its out-edges, reads
+// each edge's bits for the lane's features and loads the output gradient only
+// where the edge won: about one read per (target, feature) in all, instead of
+// one winner read per edge and feature. Sums run in fp32 in slot order (heavy
+// sources per tile, merged in tile order), so the gradient is deterministic.
 //
 // Both passes keep their warps resident and loop over the work items (grid
 // stride): on skewed degrees a block is not held by one long row.
@@ -22,52 +31,143 @@
 namespace gnnio {
 namespace {
 
-// Edges whose loads a lane group issues before using any (8 measured slower
-// than 4 for the backward on H100: occupancy).
+// Edges whose loads a lane group issues before using any.
 constexpr int kForwardUnroll = 4;
 constexpr int kBackwardUnroll = 4;
+// Blocks per SM the register budget is set for: 3 x 8 warps, at most 80
+// registers a thread (left alone, the compiler took 94-120, which leaves 16
+// warps per SM to hide the latency of the gathers).
+constexpr int kMinBlocksPerSm = 3;
 constexpr int32_t kNoWinner = -1;
+// Shared words per warp for building a light row's masks: 128 slots of 4
+// words (fp32 x 128 features), 16 KB per block. Longer rows or wider passes
+// go through it in windows.
+constexpr int kMaskWindowWords = 512;
 
-// Whether the slot at `position` (counted from the row's first slot) beats the
-// current best. The order: NaN beats every number (as torch's amax), then the
-// larger value, then the smaller source id, then the earlier slot. A total
-// order, so the winner does not depend on the order in which lanes and tiles
-// meet. Sources are read only on ties, so no register holds them.
-//
-// A missing winner always carries -inf (the start value), so two ordered,
-// unequal numbers decide at once; only equal values and NaN take the full
-// comparison. Two compares per feature and edge in the common case.
-__device__ __forceinline__ bool beats(float value, int32_t position, float best, int32_t best_position,
-                                      IndexView indices, int64_t row_begin) {
-  if (value > best) return true;
-  if (value < best) return false;
+// The full order of candidates (value, position within the row): NaN beats
+// every number (as torch's amax), then the larger value, then the earlier
+// slot (= the smaller source in a sorted row). A missing winner (kNoWinner)
+// loses to any slot. Total, so the winner does not depend on the order in
+// which lanes and tiles meet.
+__device__ __forceinline__ bool beats(float value, int32_t position, float best, int32_t best_position) {
   if (position == kNoWinner) return false;
   if (best_position == kNoWinner) return true;
   const bool value_nan = isnan(value);
   const bool best_nan = isnan(best);
   if (value_nan != best_nan) return value_nan;
   if (!value_nan && value != best) return value > best;
-  const int64_t source = indices[row_begin + position];
-  const int64_t best_source = indices[row_begin + best_position];
-  if (source != best_source) return source < best_source;
   return position < best_position;
 }
 
-__device__ __forceinline__ void store_position(void* positions, bool compact, int64_t offset, int32_t position) {
-  if (compact) {
-    static_cast<uint16_t*>(positions)[offset] = static_cast<uint16_t>(position);
-  } else {
-    static_cast<int32_t*>(positions)[offset] = position;
+// One lane group's winners over its share of the item's slots (slots group,
+// group + groups, ... of each step, in ascending order). EXACT = false: a slot
+// replaces the winner only when strictly larger (exact for numbers in a sorted
+// row); returns whether a NaN was seen, which this order cannot rank. EXACT =
+// true: the full order of beats().
+template <bool EXACT, typename scalar_t, int VEC>
+__device__ __forceinline__ bool scan_slots(const WorkItem& item, IndexView indices, const scalar_t* __restrict__ x,
+                                           int64_t width, int64_t column, bool active, float sign, int group,
+                                           int groups, float (&best)[VEC], int32_t (&best_position)[VEC]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    best[v] = -INFINITY;
+    best_position[v] = kNoWinner;
+  }
+  bool saw_nan = false;
+  for (int64_t base = item.begin; base < item.end; base += kWarp) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
+    const int64_t my_source = lane < count ? indices[base + lane] : 0;
+    const int32_t base_position = static_cast<int32_t>(base - item.row_begin);
+    for (int step = 0; step < count; step += groups * kForwardUnroll) {
+      int64_t source[kForwardUnroll];
+#pragma unroll
+      for (int u = 0; u < kForwardUnroll; ++u) {
+        const int slot = step + u * groups + group;
+        source[u] = __shfl_sync(kFullMask, my_source, slot % kWarp);
+        if (slot >= count || !active) source[u] = -1;
+      }
+      Vec<scalar_t, VEC> row[kForwardUnroll];
+#pragma unroll
+      for (int u = 0; u < kForwardUnroll; ++u) {
+        if (source[u] >= 0) row[u] = load_vec<scalar_t, VEC>(x + source[u] * width + column);
+      }
+#pragma unroll
+      for (int u = 0; u < kForwardUnroll; ++u) {
+        if (source[u] < 0) continue;
+        const int32_t position = base_position + step + u * groups + group;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const float value = sign * static_cast<float>(row[u].v[v]);
+          bool take;
+          if constexpr (EXACT) {
+            take = beats(value, position, best[v], best_position[v]);
+          } else {
+            saw_nan |= isnan(value);
+            take = value > best[v];
+          }
+          best[v] = take ? value : best[v];
+          best_position[v] = take ? position : best_position[v];
+        }
+      }
+    }
+  }
+  if constexpr (!EXACT) {
+    // Only -inf (or nothing) met: the strict compare kept no slot; the
+    // group's first slot is the earliest of its equal values.
+    const int64_t first = item.begin + group;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      if (best_position[v] == kNoWinner && first < item.end) {
+        best_position[v] = static_cast<int32_t>(first - item.row_begin);
+      }
+    }
+  }
+  return saw_nan;
+}
+
+// The masks of one pass (features [pass_column, pass_column + 32 * pass_words))
+// of a light row: each lane of group 0 sets its features' bits at its
+// winners' slots in a shared window, which the warp then writes out whole,
+// zeros included.
+template <int VEC>
+__device__ __forceinline__ void write_row_masks(const WorkItem& item, const int32_t (&best_position)[VEC],
+                                                bool owner, int64_t column, int64_t pass_column, int pass_words,
+                                                int64_t mask_words, uint32_t* __restrict__ window,
+                                                uint32_t* __restrict__ masks) {
+  const int lane = threadIdx.x % kWarp;
+  const int slots = static_cast<int>(item.end - item.begin);
+  const int window_slots = kMaskWindowWords / pass_words;
+  const int64_t first_word = pass_column / 32;
+  for (int window_begin = 0; window_begin < slots; window_begin += window_slots) {
+    const int window_words = min(window_slots, slots - window_begin) * pass_words;
+    for (int i = lane; i < window_words; i += kWarp) window[i] = 0u;
+    __syncwarp();
+    if (owner) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        const int offset = best_position[v] - window_begin;
+        const int feature = static_cast<int>(column + v - pass_column);
+        if (offset >= 0 && offset * pass_words < window_words) {
+          atomicOr(&window[offset * pass_words + feature / 32], 1u << (feature % 32));
+        }
+      }
+    }
+    __syncwarp();
+    for (int i = lane; i < window_words; i += kWarp) {
+      const int64_t slot = item.begin + window_begin + i / pass_words;
+      masks[slot * mask_words + first_word + i % pass_words] = window[i];
+    }
+    __syncwarp();
   }
 }
 
-// Winners over the item's slots. Values are compared as sign * x, so min is
-// the max of -x and both share one kernel.
 template <typename scalar_t, int VEC>
-__device__ __forceinline__ void extremum_slots(const WorkItem& item, IndexView indices, const scalar_t* __restrict__ x,
-                                               int64_t width, float sign, bool compact, scalar_t* __restrict__ out,
-                                               void* __restrict__ positions, float* __restrict__ partial_values,
-                                               int32_t* __restrict__ partial_positions) {
+__device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView indices, const scalar_t* __restrict__ x,
+                                              int64_t width, float sign, scalar_t* __restrict__ out,
+                                              uint32_t* __restrict__ masks, int64_t mask_words,
+                                              uint32_t* __restrict__ window, float* __restrict__ partial_values,
+                                              int32_t* __restrict__ partial_positions) {
   const int lane = threadIdx.x % kWarp;
   const int64_t chunks = width / VEC;
   const int lanes = lanes_per_edge(chunks);
@@ -81,78 +181,64 @@ __device__ __forceinline__ void extremum_slots(const WorkItem& item, IndexView i
     const int64_t column = chunk * VEC;
     float best[VEC];
     int32_t best_position[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      best[v] = -INFINITY;
-      best_position[v] = kNoWinner;
-    }
-
-    for (int64_t base = item.begin; base < item.end; base += kWarp) {
-      const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
-      const int64_t my_source = lane < count ? indices[base + lane] : 0;
-      for (int step = 0; step < count; step += groups * kForwardUnroll) {
-        int64_t source[kForwardUnroll];
-        int32_t position[kForwardUnroll];
-#pragma unroll
-        for (int u = 0; u < kForwardUnroll; ++u) {
-          const int slot = step + u * groups + group;
-          source[u] = __shfl_sync(kFullMask, my_source, slot % kWarp);
-          position[u] = static_cast<int32_t>(base - item.row_begin) + slot;
-          if (slot >= count) source[u] = -1;
-        }
-        Vec<scalar_t, VEC> row[kForwardUnroll];
-#pragma unroll
-        for (int u = 0; u < kForwardUnroll; ++u) {
-          if (active && source[u] >= 0) row[u] = load_vec<scalar_t, VEC>(x + source[u] * width + column);
-        }
-#pragma unroll
-        for (int u = 0; u < kForwardUnroll; ++u) {
-          if (!active || source[u] < 0) continue;
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) {
-            const float value = sign * static_cast<float>(row[u].v[v]);
-            if (beats(value, position[u], best[v], best_position[v], indices, item.row_begin)) {
-              best[v] = value;
-              best_position[v] = position[u];
-            }
-          }
-        }
-      }
+    const bool saw_nan =
+        scan_slots<false>(item, indices, x, width, column, active, sign, group, groups, best, best_position);
+    if (__any_sync(kFullMask, saw_nan)) {
+      scan_slots<true>(item, indices, x, width, column, active, sign, group, groups, best, best_position);
     }
     for (int offset = lanes; offset < kWarp; offset <<= 1) {
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
         const float value = __shfl_xor_sync(kFullMask, best[v], offset);
         const int32_t position = __shfl_xor_sync(kFullMask, best_position[v], offset);
-        if (beats(value, position, best[v], best_position[v], indices, item.row_begin)) {
+        if (beats(value, position, best[v], best_position[v])) {
           best[v] = value;
           best_position[v] = position;
         }
       }
     }
-    if (group != 0 || !active) continue;
+    const bool owner = group == 0 && active;
+    // Passes start at multiples of 32 features (lanes * VEC is 32, 128 or 256
+    // whenever there is more than one pass), so each covers whole mask words.
+    const int64_t pass_column = first_chunk * VEC;
+    const int pass_words = static_cast<int>((min(width - pass_column, static_cast<int64_t>(lanes * VEC)) + 31) / 32);
+    if (item.partial < 0) {
+      if (owner) {
+        Vec<scalar_t, VEC> result;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      if (item.partial < 0) {
-        const int64_t offset = item.row * width + column + v;
-        // An empty row has no winner: 0, as PyG; its position is never read.
-        out[offset] = static_cast<scalar_t>(best_position[v] == kNoWinner ? 0.f : sign * best[v]);
-        store_position(positions, compact, offset, best_position[v]);
-      } else {
-        const int64_t offset = item.partial * width + column + v;
-        partial_values[offset] = best[v];
-        partial_positions[offset] = best_position[v];
+        for (int v = 0; v < VEC; ++v) {
+          // An empty row has no winner: 0, as PyG.
+          result.v[v] = static_cast<scalar_t>(best_position[v] == kNoWinner ? 0.f : sign * best[v]);
+        }
+        store_vec<scalar_t, VEC>(out + item.row * width + column, result);
+      }
+      write_row_masks<VEC>(item, best_position, owner, column, pass_column, pass_words, mask_words, window, masks);
+    } else {
+      if (owner) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          partial_values[item.partial * width + column + v] = best[v];
+          partial_positions[item.partial * width + column + v] = best_position[v];
+        }
+      }
+      // The merge pass sets the winners' bits of heavy rows.
+      const int tile_words = static_cast<int>(item.end - item.begin) * pass_words;
+      const int64_t first_word = pass_column / 32;
+      for (int i = lane; i < tile_words; i += kWarp) {
+        masks[(item.begin + i / pass_words) * mask_words + first_word + i % pass_words] = 0u;
       }
     }
   }
 }
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
+__global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
     segment_extremum_kernel(RowSchedule schedule, IndexView indices, const scalar_t* __restrict__ x, int64_t width,
-                            bool vectorised, float sign, bool compact, scalar_t* __restrict__ out,
-                            void* __restrict__ positions, float* __restrict__ partial_values,
+                            bool vectorised, float sign, scalar_t* __restrict__ out, uint32_t* __restrict__ masks,
+                            int64_t mask_words, float* __restrict__ partial_values,
                             int32_t* __restrict__ partial_positions) {
+  __shared__ uint32_t windows[kWarpsPerBlock][kMaskWindowWords];
+  uint32_t* window = windows[threadIdx.x / kWarp];
   const int64_t items = first_pass_items(schedule);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
@@ -160,73 +246,75 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     WorkItem item;
     if (!work_item(schedule, warp, item)) continue;
     if (vectorised) {
-      extremum_slots<scalar_t, vec_width<scalar_t>()>(item, indices, x, width, sign, compact, out, positions,
-                                                      partial_values, partial_positions);
+      extremum_item<scalar_t, vec_width<scalar_t>()>(item, indices, x, width, sign, out, masks, mask_words, window,
+                                                     partial_values, partial_positions);
     } else {
-      extremum_slots<scalar_t, 1>(item, indices, x, width, sign, compact, out, positions, partial_values,
-                                  partial_positions);
+      extremum_item<scalar_t, 1>(item, indices, x, width, sign, out, masks, mask_words, window, partial_values,
+                                 partial_positions);
     }
   }
 }
 
-// Second pass: one block per heavy row merges its tiles' winners.
+// Second pass: one block per heavy row merges its tiles' winners. Each warp
+// holds 32 consecutive features, i.e. one mask word: the lanes whose winner is
+// the same slot write that slot's word in one store, so no two threads write
+// one word (the tiles wrote the row's masks zero).
 template <typename scalar_t>
-__global__ void merge_extremum_kernel(RowSchedule schedule, IndexView indices, const float* __restrict__ partial_values,
+__global__ void merge_extremum_kernel(RowSchedule schedule, const float* __restrict__ partial_values,
                                       const int32_t* __restrict__ partial_positions, int64_t width, float sign,
-                                      bool compact, scalar_t* __restrict__ out, void* __restrict__ positions) {
+                                      scalar_t* __restrict__ out, uint32_t* __restrict__ masks, int64_t mask_words) {
   const int64_t heavy = blockIdx.x;
   const int64_t row = schedule.heavy_rows[heavy];
   const int64_t row_begin = schedule.indptr[row];
   const int64_t first = schedule.heavy_tile_ptr[heavy];
   const int64_t last = schedule.heavy_tile_ptr[heavy + 1];
-  for (int64_t column = threadIdx.x; column < width; column += blockDim.x) {
+  for (int64_t base = 0; base < width; base += blockDim.x) {
+    const int64_t column = base + threadIdx.x;
+    const bool in_range = column < width;
     float best = -INFINITY;
     int32_t best_position = kNoWinner;
-    for (int64_t tile = first; tile < last; ++tile) {
-      const float value = partial_values[tile * width + column];
-      const int32_t position = partial_positions[tile * width + column];
-      if (beats(value, position, best, best_position, indices, row_begin)) {
-        best = value;
-        best_position = position;
+    if (in_range) {
+      for (int64_t tile = first; tile < last; ++tile) {
+        const float value = partial_values[tile * width + column];
+        const int32_t position = partial_positions[tile * width + column];
+        if (beats(value, position, best, best_position)) {
+          best = value;
+          best_position = position;
+        }
       }
+      out[row * width + column] = static_cast<scalar_t>(sign * best);
     }
-    out[row * width + column] = static_cast<scalar_t>(sign * best);
-    store_position(positions, compact, row * width + column, best_position);
+    // Every tile has slots, so an in-range winner exists; out-of-range lanes
+    // match only each other.
+    const unsigned same_slot = __match_any_sync(kFullMask, in_range ? best_position : kNoWinner);
+    if (in_range && __ffs(same_slot) - 1 == static_cast<int>(threadIdx.x % kWarp)) {
+      masks[(row_begin + best_position) * mask_words + column / 32] = same_slot;
+    }
   }
 }
 
 // ------------------------------------------------------------------ backward
-template <int VEC>
-__device__ __forceinline__ void load_positions(const void* positions, bool compact, int64_t offset,
-                                               int32_t (&result)[VEC]) {
-  if (compact) {
-    const Vec<uint16_t, VEC> loaded = load_vec<uint16_t, VEC>(static_cast<const uint16_t*>(positions) + offset);
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) result[v] = loaded.v[v];
-  } else {
-    const Vec<int32_t, VEC> loaded = load_vec<int32_t, VEC>(static_cast<const int32_t*>(positions) + offset);
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) result[v] = loaded.v[v];
-  }
-}
-
 template <typename scalar_t, int VEC>
-__device__ __forceinline__ void extremum_grad_slots(const WorkItem& item, IndexView targets,
-                                                    const int32_t* __restrict__ csc_position,
-                                                    const scalar_t* __restrict__ grad_out,
-                                                    const void* __restrict__ positions, bool compact, int64_t width,
-                                                    scalar_t* __restrict__ grad_x, float* __restrict__ partials) {
+__device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexView targets, IndexView mask_slots,
+                                                   const scalar_t* __restrict__ grad_out,
+                                                   const uint32_t* __restrict__ masks, int64_t mask_words,
+                                                   int64_t width, scalar_t* __restrict__ grad_x,
+                                                   float* __restrict__ partials) {
   const int lane = threadIdx.x % kWarp;
   const int64_t chunks = width / VEC;
   const int lanes = lanes_per_edge(chunks);
   const int groups = kWarp / lanes;
   const int group = lane / lanes;
   const int group_lane = lane % lanes;
+  constexpr uint32_t kLaneBits = (1u << VEC) - 1u;
 
   for (int64_t first_chunk = 0; first_chunk < chunks; first_chunk += lanes) {
     const int64_t chunk = first_chunk + group_lane;
     const bool active = chunk < chunks;
     const int64_t column = chunk * VEC;
+    // The lane's VEC features lie in one mask word (VEC divides 32 and column).
+    const int64_t word = column / 32;
+    const int shift = static_cast<int>(column % 32);
     float acc[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
@@ -234,52 +322,30 @@ __device__ __forceinline__ void extremum_grad_slots(const WorkItem& item, IndexV
     for (int64_t base = item.begin; base < item.end; base += kWarp) {
       const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
       const int64_t my_target = lane < count ? targets[base + lane] : 0;
-      const int32_t my_position = lane < count ? csc_position[base + lane] : 0;
+      const int64_t my_mask_slot = lane < count ? mask_slots[base + lane] : 0;
       for (int step = 0; step < count; step += groups * kBackwardUnroll) {
         int64_t target[kBackwardUnroll];
-        int32_t edge_position[kBackwardUnroll];
+        uint32_t won[kBackwardUnroll];
 #pragma unroll
         for (int u = 0; u < kBackwardUnroll; ++u) {
           const int slot = step + u * groups + group;
           target[u] = __shfl_sync(kFullMask, my_target, slot % kWarp);
-          edge_position[u] = __shfl_sync(kFullMask, my_position, slot % kWarp);
-          if (slot >= count || !active) target[u] = -1;
+          const int64_t mask_slot = __shfl_sync(kFullMask, my_mask_slot, slot % kWarp);
+          won[u] = slot < count && active ? (masks[mask_slot * mask_words + word] >> shift) & kLaneBits : 0u;
         }
-        int32_t winner[kBackwardUnroll][VEC];
-#pragma unroll
-        for (int u = 0; u < kBackwardUnroll; ++u) {
-          if (target[u] >= 0) load_positions<VEC>(positions, compact, target[u] * width + column, winner[u]);
-        }
-        // Which of the lane's features each edge won. Most (target, feature)
-        // pairs were won by another edge: their gradient bytes are skipped.
-        bool won[kBackwardUnroll][VEC];
-        bool any[kBackwardUnroll];
-#pragma unroll
-        for (int u = 0; u < kBackwardUnroll; ++u) {
-          any[u] = false;
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) {
-            won[u][v] = target[u] >= 0 && winner[u][v] == edge_position[u];
-            any[u] |= won[u][v];
-          }
-        }
-        // All of the step's gradient loads are issued before any is used, so
-        // their latencies overlap instead of adding up edge by edge.
+        // The step's gradient loads are all issued before any is used, so
+        // their latencies overlap; a lane loads only where its edge won.
         Vec<scalar_t, VEC> grad[kBackwardUnroll];
 #pragma unroll
         for (int u = 0; u < kBackwardUnroll; ++u) {
-          if (any[u]) {
-            grad[u] = load_vec<scalar_t, VEC>(grad_out + target[u] * width + column);
-          } else {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) grad[u].v[v] = scalar_t(0.f);
-          }
+          if (won[u] != 0u) grad[u] = load_vec<scalar_t, VEC>(grad_out + target[u] * width + column);
         }
 #pragma unroll
         for (int u = 0; u < kBackwardUnroll; ++u) {
+          if (won[u] == 0u) continue;
 #pragma unroll
           for (int v = 0; v < VEC; ++v) {
-            if (won[u][v]) acc[v] += static_cast<float>(grad[u].v[v]);
+            if ((won[u] >> v) & 1u) acc[v] += static_cast<float>(grad[u].v[v]);
           }
         }
       }
@@ -289,23 +355,24 @@ __device__ __forceinline__ void extremum_grad_slots(const WorkItem& item, IndexV
       for (int v = 0; v < VEC; ++v) acc[v] += __shfl_xor_sync(kFullMask, acc[v], offset);
     }
     if (group != 0 || !active) continue;
+    if (item.partial < 0) {
+      Vec<scalar_t, VEC> result;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      if (item.partial < 0) {
-        grad_x[item.row * width + column + v] = static_cast<scalar_t>(acc[v]);
-      } else {
-        partials[item.partial * width + column + v] = acc[v];
-      }
+      for (int v = 0; v < VEC; ++v) result.v[v] = static_cast<scalar_t>(acc[v]);
+      store_vec<scalar_t, VEC>(grad_x + item.row * width + column, result);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) partials[item.partial * width + column + v] = acc[v];
     }
   }
 }
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
-    segment_extremum_backward_kernel(RowSchedule schedule, IndexView targets, const int32_t* __restrict__ csc_position,
-                                     const scalar_t* __restrict__ grad_out, const void* __restrict__ positions,
-                                     bool compact, int64_t width, bool vectorised, scalar_t* __restrict__ grad_x,
-                                     float* __restrict__ partials) {
+__global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
+    segment_extremum_backward_kernel(RowSchedule schedule, IndexView targets, IndexView mask_slots,
+                                     const scalar_t* __restrict__ grad_out, const uint32_t* __restrict__ masks,
+                                     int64_t mask_words, int64_t width, bool vectorised,
+                                     scalar_t* __restrict__ grad_x, float* __restrict__ partials) {
   const int64_t items = first_pass_items(schedule);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
@@ -313,23 +380,25 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     WorkItem item;
     if (!work_item(schedule, warp, item)) continue;
     if (vectorised) {
-      extremum_grad_slots<scalar_t, vec_width<scalar_t>()>(item, targets, csc_position, grad_out, positions,
-                                                           compact, width, grad_x, partials);
+      extremum_grad_item<scalar_t, vec_width<scalar_t>()>(item, targets, mask_slots, grad_out, masks, mask_words,
+                                                          width, grad_x, partials);
     } else {
-      extremum_grad_slots<scalar_t, 1>(item, targets, csc_position, grad_out, positions, compact, width, grad_x,
-                                       partials);
+      extremum_grad_item<scalar_t, 1>(item, targets, mask_slots, grad_out, masks, mask_words, width, grad_x,
+                                      partials);
     }
   }
 }
 
+int64_t mask_words_for(int64_t width) { return (width + 31) / 32; }
+
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> segment_extremum(const at::Tensor& indptr, const at::Tensor& indices,
-                                                    const at::Tensor& x, int64_t num_rows, bool is_min,
-                                                    bool compact_position, const at::Tensor& tile_row,
-                                                    const at::Tensor& tile_start, const at::Tensor& heavy_rows,
-                                                    const at::Tensor& heavy_tile_ptr, int64_t tile_edges) {
-  const char* op = "gnnio::segment_extremum";
+std::tuple<at::Tensor, at::Tensor> segment_extremum_masked(const at::Tensor& indptr, const at::Tensor& indices,
+                                                           const at::Tensor& x, int64_t num_rows, bool is_min,
+                                                           const at::Tensor& tile_row, const at::Tensor& tile_start,
+                                                           const at::Tensor& heavy_rows,
+                                                           const at::Tensor& heavy_tile_ptr, int64_t tile_edges) {
+  const char* op = "gnnio::segment_extremum_masked";
   check_features(op, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const RowSchedule schedule =
@@ -337,42 +406,43 @@ std::tuple<at::Tensor, at::Tensor> segment_extremum(const at::Tensor& indptr, co
   check_index_dtype(op, "indices", indices);
   check_array(op, "indices", indices, x, indices.numel());
   check_array(op, "indptr", indptr, x, num_rows + 1);
-  // compact_position is the caller's promise that no row has more than 65,536
-  // slots (checking it here would cost a device sync).
+  GNNIO_CHECK(indices.numel() < (int64_t{1} << 31), op, "rows are addressed with int32 positions; got ",
+              indices.numel(), " slots");
   const int64_t width = x.size(1);
+  const int64_t mask_words = mask_words_for(width);
   at::Tensor out = at::empty({num_rows, width}, x.options());
-  at::Tensor positions = at::empty({num_rows, width}, x.options().dtype(compact_position ? at::kShort : at::kInt));
-  if (num_rows == 0 || width == 0) return {out, positions};
+  at::Tensor masks = at::empty({indices.numel(), mask_words}, x.options().dtype(at::kInt));
+  if (num_rows == 0 || width == 0) return {out, masks};
   at::Tensor partial_values = at::empty({schedule.num_tiles, width}, x.options().dtype(at::kFloat));
   at::Tensor partial_positions = at::empty({schedule.num_tiles, width}, x.options().dtype(at::kInt));
   const float sign = is_min ? -1.f : 1.f;
+  uint32_t* mask_data = reinterpret_cast<uint32_t*>(masks.data_ptr<int32_t>());
   auto stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
     const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
                             rows_vectorisable(out, width, vec_width<scalar_t>());
     const int64_t blocks = resident_first_pass_blocks(segment_extremum_kernel<scalar_t>, schedule);
     segment_extremum_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
-        schedule, index_view(indices), x.data_ptr<scalar_t>(), width, vectorised, sign, compact_position,
-        out.data_ptr<scalar_t>(), positions.data_ptr(), partial_values.data_ptr<float>(),
-        partial_positions.data_ptr<int32_t>());
+        schedule, index_view(indices), x.data_ptr<scalar_t>(), width, vectorised, sign, out.data_ptr<scalar_t>(),
+        mask_data, mask_words, partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (schedule.num_heavy > 0) {
       const int threads = static_cast<int>(std::min<int64_t>(256, (width + 31) / 32 * 32));
       merge_extremum_kernel<scalar_t><<<schedule.num_heavy, threads, 0, stream>>>(
-          schedule, index_view(indices), partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>(),
-          width, sign, compact_position, out.data_ptr<scalar_t>(), positions.data_ptr());
+          schedule, partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>(), width, sign,
+          out.data_ptr<scalar_t>(), mask_data, mask_words);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
-  return {out, positions};
+  return {out, masks};
 }
 
-at::Tensor segment_extremum_backward(const at::Tensor& csc_indptr, const at::Tensor& csc_indices,
-                                     const at::Tensor& csc_position, const at::Tensor& grad_out,
-                                     const at::Tensor& position, int64_t num_src, const at::Tensor& tile_row,
-                                     const at::Tensor& tile_start, const at::Tensor& heavy_rows,
-                                     const at::Tensor& heavy_tile_ptr, int64_t tile_edges) {
-  const char* op = "gnnio::segment_extremum_backward";
+at::Tensor segment_extremum_masked_backward(const at::Tensor& csc_indptr, const at::Tensor& csc_indices,
+                                            const at::Tensor& csc_mask_slot, const at::Tensor& grad_out,
+                                            const at::Tensor& masks, int64_t num_src, const at::Tensor& tile_row,
+                                            const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+                                            const at::Tensor& heavy_tile_ptr, int64_t tile_edges) {
+  const char* op = "gnnio::segment_extremum_masked_backward";
   check_features(op, "grad_out", grad_out);
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const RowSchedule schedule =
@@ -380,37 +450,60 @@ at::Tensor segment_extremum_backward(const at::Tensor& csc_indptr, const at::Ten
   check_index_dtype(op, "csc_indices", csc_indices);
   check_array(op, "csc_indices", csc_indices, grad_out, csc_indices.numel());
   check_array(op, "csc_indptr", csc_indptr, grad_out, num_src + 1);
-  GNNIO_CHECK(csc_position.scalar_type() == at::kInt, op, "csc_position must be int32, got ",
-              csc_position.scalar_type());
-  check_array(op, "csc_position", csc_position, grad_out, csc_indices.numel());
-  GNNIO_CHECK(position.scalar_type() == at::kShort || position.scalar_type() == at::kInt, op,
-              "position must be int16 or int32 (from segment_extremum), got ", position.scalar_type());
-  GNNIO_CHECK(position.sizes() == grad_out.sizes() && position.is_contiguous() && position.device() == grad_out.device(),
-              op, "position must be contiguous with grad_out's shape ", grad_out.sizes(), " and device, got shape ",
-              position.sizes());
+  check_index_dtype(op, "csc_mask_slot", csc_mask_slot);
+  check_array(op, "csc_mask_slot", csc_mask_slot, grad_out, csc_indices.numel());
   const int64_t width = grad_out.size(1);
+  const int64_t mask_words = mask_words_for(width);
+  GNNIO_CHECK(masks.scalar_type() == at::kInt, op, "masks must be int32 (from segment_extremum_masked), got ",
+              masks.scalar_type());
+  GNNIO_CHECK(masks.dim() == 2 && masks.size(0) == csc_indices.numel() && masks.size(1) == mask_words &&
+                  masks.is_contiguous() && masks.device() == grad_out.device(),
+              op, "masks must be contiguous [E, ceil(F / 32)] = [", csc_indices.numel(), ", ", mask_words,
+              "] on grad_out's device, got shape ", masks.sizes());
   at::Tensor grad_x = at::empty({num_src, width}, grad_out.options());
   if (num_src == 0 || width == 0) return grad_x;
   at::Tensor partials = at::empty({schedule.num_tiles, width}, grad_out.options().dtype(at::kFloat));
-  const bool compact = position.scalar_type() == at::kShort;
   auto stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(grad_out.scalar_type(), op, [&] {
     constexpr int vec = vec_width<scalar_t>();
-    const bool vectorised = rows_vectorisable(grad_out, width, vec) && rows_vectorisable(grad_x, width, vec) &&
-                            rows_vectorisable(position, width, vec);
+    const bool vectorised = rows_vectorisable(grad_out, width, vec) && rows_vectorisable(grad_x, width, vec);
     const int64_t blocks = resident_first_pass_blocks(segment_extremum_backward_kernel<scalar_t>, schedule);
     segment_extremum_backward_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
-        schedule, index_view(csc_indices), csc_position.data_ptr<int32_t>(), grad_out.data_ptr<scalar_t>(),
-        position.data_ptr(), compact, width, vectorised, grad_x.data_ptr<scalar_t>(), partials.data_ptr<float>());
+        schedule, index_view(csc_indices), index_view(csc_mask_slot), grad_out.data_ptr<scalar_t>(),
+        reinterpret_cast<const uint32_t*>(masks.data_ptr<int32_t>()), mask_words, width, vectorised,
+        grad_x.data_ptr<scalar_t>(), partials.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   merge_partial_sums(schedule, partials, grad_x);
   return grad_x;
 }
 
+TORCH_LIBRARY_FRAGMENT(gnnio, m) {
+  // Per-feature max (or min with is_min) over each row's sources, for a CSR
+  // whose rows list their sources in ascending order. Returns (out [R, F] in
+  // x's dtype, 0 in empty rows; masks int32 [E, ceil(F / 32)]: bit f % 32 of
+  // word f / 32 of slot k is set when slot k won feature f of its row).
+  // Winner: the largest value (NaN counts as largest), ties to the earliest
+  // slot, i.e. the smallest source id. Exactly one bit per (non-empty row,
+  // feature).
+  m.def(
+      "segment_extremum_masked(Tensor indptr, Tensor indices, Tensor x, int num_rows, bool is_min, "
+      "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges) "
+      "-> (Tensor, Tensor)");
+
+  // Gradient of segment_extremum_masked with respect to x, without atomics:
+  // for each source s (a CSC row), the sum of grad_out[t, f] over its edges
+  // (s, t) whose mask has bit f. csc_mask_slot int32/int64 [E]: for each CSC
+  // slot, the slot of the same edge in the forward's CSR. Returns [num_src, F].
+  m.def(
+      "segment_extremum_masked_backward(Tensor csc_indptr, Tensor csc_indices, Tensor csc_mask_slot, "
+      "Tensor grad_out, Tensor masks, int num_src, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, "
+      "Tensor heavy_tile_ptr, int tile_edges) -> Tensor");
+}
+
 TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
-  m.impl("segment_extremum", &segment_extremum);
-  m.impl("segment_extremum_backward", &segment_extremum_backward);
+  m.impl("segment_extremum_masked", &segment_extremum_masked);
+  m.impl("segment_extremum_masked_backward", &segment_extremum_masked_backward);
 }
 
 }  // namespace gnnio

@@ -17,6 +17,7 @@ import torch
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import aggregate, dispatch
 from gnnio_cli.ops import reduce_native
+from gnnio_cli.ops.reduce import extremum_winners
 from testing import named_test_graph, DTYPES, poison_cuda_cache, randn, relative_error
 
 pytestmark = [
@@ -117,11 +118,6 @@ def test_sum_and_mean_run_the_spmm_kernels(reduce, dtype):
     assert relative_error(out, oracle) <= tolerance and relative_error(grad, oracle_grad) <= tolerance
 
 
-def test_positions_are_compact_unless_a_row_exceeds_16_bits():
-    assert reduce_native._compact_positions(graph_named("small"))
-    assert not reduce_native._compact_positions(graph_named("hub"))  # in-degree > 100,000
-
-
 def test_backward_is_deterministic():
     graph = graph_named("hub")
     x = randn(graph.num_src_nodes, 128, device="cuda", generator=torch.Generator().manual_seed(26))
@@ -148,15 +144,90 @@ def test_opcheck_extremum_ops():
 
     graph = graph_named("small")
     x = randn(graph.num_src_nodes, 16, device="cuda", generator=torch.Generator().manual_seed(28))
-    csr = row_schedule(graph, "csr")
-    args = (graph.csr_indptr, graph.csr_indices, x, graph.num_dst_nodes, False, True, *csr.args())
-    torch.library.opcheck(torch.ops.gnnio.segment_extremum.default, args, test_utils=("test_schema", "test_faketensor"))
-    _, position = torch.ops.gnnio.segment_extremum(*args)
-    csc = row_schedule(graph, "csc")
+    rows = reduce_native.sorted_rows(graph)
+    args = (graph.csr_indptr, rows.indices, x, graph.num_dst_nodes, False, *row_schedule(graph, "csr").args())
+    torch.library.opcheck(
+        torch.ops.gnnio.segment_extremum_masked.default, args, test_utils=("test_schema", "test_faketensor")
+    )
+    _, masks = torch.ops.gnnio.segment_extremum_masked(*args)
     grad_out = randn(graph.num_dst_nodes, 16, device="cuda", generator=torch.Generator().manual_seed(29))
     torch.library.opcheck(
-        torch.ops.gnnio.segment_extremum_backward.default,
-        (graph.csc_indptr, graph.csc_indices, reduce_native.csc_positions(graph), grad_out, position,
-         graph.num_src_nodes, *csc.args()),
+        torch.ops.gnnio.segment_extremum_masked_backward.default,
+        (graph.csc_indptr, graph.csc_indices, rows.csc_mask_slot, grad_out, masks, graph.num_src_nodes,
+         *row_schedule(graph, "csc").args()),
         test_utils=("test_schema", "test_faketensor"),
     )
+
+
+def unpacked_masks(masks: torch.Tensor, width: int) -> torch.Tensor:
+    """int32 [E, ceil(F / 32)] -> bool [E, F]: bit f % 32 of word f // 32."""
+    bits = (masks.unsqueeze(2) >> torch.arange(32, device=masks.device, dtype=torch.int32)) & 1
+    return bits.reshape(masks.shape[0], -1)[:, :width].bool()
+
+
+@pytest.mark.parametrize("graph_name", ["small", "hub"])
+@pytest.mark.parametrize("width", (3, 40, 130, 256))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_each_feature_of_a_row_has_one_winning_edge_holding_its_value(graph_name, width, dtype):
+    """The saved masks, across mask words and lane passes (widths 3 to 256): one bit per (non-empty row,
+    feature), set on a slot whose source holds the output, the smallest such source."""
+    from gnnio_cli.ops.attention_native import row_schedule
+
+    graph = graph_named(graph_name)
+    gen = torch.Generator().manual_seed(40 + width)
+    # Few distinct values: most (row, feature) pairs tie.
+    x = torch.randint(-3, 4, (graph.num_src_nodes, width), generator=gen).to(device="cuda", dtype=dtype)
+    rows = reduce_native.sorted_rows(graph)
+    out, masks = torch.ops.gnnio.segment_extremum_masked(
+        graph.csr_indptr, rows.indices, x, graph.num_dst_nodes, False, *row_schedule(graph, "csr").args()
+    )
+    won = unpacked_masks(masks, width)
+    slot_rows = graph.csr_rows
+    wins_per_row = torch.zeros(graph.num_dst_nodes, width, dtype=torch.int64, device="cuda")
+    wins_per_row.index_add_(0, slot_rows, won.long())
+    assert torch.equal(wins_per_row, (graph.in_degree > 0).long().unsqueeze(1).expand(-1, width))
+    slot, feature = won.nonzero(as_tuple=True)
+    sources = rows.indices.long()[slot]
+    assert torch.equal(x[sources, feature], out[slot_rows[slot], feature])
+    _, winners = extremum_winners(graph, x.double(), "max")
+    assert torch.equal(sources, winners[slot_rows[slot], feature])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_ties_in_16_bit_and_wide_rows_match_reference(dtype, reduce):
+    """Ties in every dtype, on a width of two lane passes (256) and rows longer than a mask window."""
+    graph = graph_named("hub")
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randint(-2, 3, (graph.num_src_nodes, 256), generator=gen).to(device="cuda", dtype=dtype)
+    (out, grad), (oracle, oracle_grad), _ = native_and_oracle(graph, x, reduce, seed=32)
+    assert torch.equal(out.double(), oracle.detach())
+    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_rows_already_sorted_use_the_graph_indices(reduce):
+    """A graph whose rows list sources in order needs no sorted copy, and gives the reference's result."""
+    unsorted = graph_named("small").to("cpu")
+    src, dst = unsorted.edge_index()
+    order = torch.argsort(dst * unsorted.num_src_nodes + src)
+    graph = Graph.from_edge_index(torch.stack([src[order], dst[order]]), num_nodes=unsorted.num_src_nodes).to("cuda")
+    assert reduce_native.sorted_rows(graph).indices is graph.csr_indices
+    shuffled = graph_named("small")
+    assert reduce_native.sorted_rows(shuffled).indices is not shuffled.csr_indices
+    x = randn(graph.num_src_nodes, 33, device="cuda", generator=torch.Generator().manual_seed(33))
+    (out, grad), (oracle, oracle_grad), _ = native_and_oracle(graph, x, reduce, seed=34)
+    assert torch.equal(out.double(), oracle.detach())
+    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_rows_of_infinities_pick_their_smallest_source(reduce):
+    """Every value -inf (max) or +inf (min): the strict compare keeps no slot, and the first one must win."""
+    graph = graph_named("hub")
+    fill = float("-inf") if reduce == "max" else float("inf")
+    x = torch.full((graph.num_src_nodes, 36), fill, device="cuda")
+    x[::7] = randn(len(range(0, graph.num_src_nodes, 7)), 36, device="cuda", generator=torch.Generator().manual_seed(35))
+    (out, grad), (oracle, oracle_grad), _ = native_and_oracle(graph, x, reduce, seed=36)
+    assert torch.equal(out.double(), oracle.detach())
+    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[torch.float32]

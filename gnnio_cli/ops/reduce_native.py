@@ -3,15 +3,20 @@
 sum and mean are SpMM operators (:mod:`gnnio_cli.ops.spmm_native`; mean folds
 1/in-degree into the values). max and min run native/reduce.cu with the
 graph's degree-aware schedule (light rows one warp each, heavy rows in tiles
-merged by a second pass). The forward keeps, per (target, feature), the
-winner's position within the target's CSR row (16 bits when no row has more
-than 65,536 in-edges, else 32); the backward walks the CSC and gives each
-source the gradients of the (target, feature) pairs its edge won. No atomics:
-deterministic. Ties go to the smallest source id, as the reference; empty
-rows give 0 and send no gradient.
+merged by a second pass) over a CSR whose rows list their sources in
+ascending order: the graph's own when it already does, else a sorted copy
+built once per graph. There "ties go to the smallest source id" is "ties go
+to the earliest slot", which the kernel gets from a strict compare.
+
+The forward saves, per edge, a bit mask of the features that edge won
+(int32 [E, ceil(F / 32)], E * F / 8 bytes); the backward walks the CSC and
+loads the output gradient only for those features. No atomics:
+deterministic. Empty rows give 0 and send no gradient.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -22,50 +27,67 @@ from gnnio_cli.ops.segment import slot_of_eid
 
 supports = spmm_native.supports
 
-# Positions fit 16 bits (read as unsigned) while no row is longer than this.
-COMPACT_POSITION_MAX_DEGREE = 65536
+
+@dataclass(frozen=True)
+class SortedRows:
+    """The graph's CSR with each row's sources ascending (ties keep slot order), as the max/min kernels read it.
+
+    indices:       [E], the CSR indices' dtype; rows are the CSR's (same indptr).
+    csc_mask_slot: int32 (int64 from 2**31 edges) [E]: for each CSC slot, the
+                   slot of the same edge in `indices`, where its mask lives.
+    """
+
+    indices: torch.Tensor
+    csc_mask_slot: torch.Tensor
 
 
-def csc_positions(graph: Graph) -> torch.Tensor:
-    """int32 [E]: for each CSC slot, the position of the same edge within its target's CSR row (cached)."""
-
-    def build() -> torch.Tensor:
-        csr_slot = slot_of_eid(graph).index_select(0, graph.csc_eid)
-        row_start = graph.csr_indptr.index_select(0, graph.csc_indices.long())
-        return (csr_slot - row_start).to(torch.int32)
-
-    return graph.cached("csc_positions", build)
+def _rows_are_sorted(graph: Graph) -> bool:
+    sources = graph.csr_indices
+    if sources.numel() < 2:
+        return True
+    same_row = graph.csr_rows[1:] == graph.csr_rows[:-1]
+    return not bool((same_row & (sources[1:] < sources[:-1])).any())
 
 
-def _compact_positions(graph: Graph) -> bool:
-    return graph.cached(
-        "compact_positions",
-        lambda: graph.num_edges == 0 or int(graph.in_degree.max()) <= COMPACT_POSITION_MAX_DEGREE,
-    )
+def sorted_rows(graph: Graph) -> SortedRows:
+    """The cached :class:`SortedRows` of `graph` (no copy of the indices when its rows are already sorted)."""
+
+    def build() -> SortedRows:
+        num_edges = graph.num_edges
+        if _rows_are_sorted(graph):
+            indices, slot_of_edge = graph.csr_indices, slot_of_eid(graph)
+        else:
+            key = graph.csr_rows * max(graph.num_src_nodes, 1) + graph.csr_indices.long()
+            order = torch.sort(key, stable=True).indices  # sorted slot -> CSR slot
+            indices = graph.csr_indices.index_select(0, order)
+            slot_of_edge = torch.empty_like(order)
+            slot_of_edge[graph.csr_eid.index_select(0, order)] = torch.arange(num_edges, device=graph.device)
+        slot_dtype = torch.int32 if num_edges < 2**31 else torch.int64
+        return SortedRows(indices, slot_of_edge.index_select(0, graph.csc_eid).to(slot_dtype))
+
+    return graph.cached("max_min_sorted_rows", build)
 
 
 class _Extremum(torch.autograd.Function):
-    """Per-feature max/min over in-edges; the gradient goes to the saved winner of each (target, feature)."""
+    """Per-feature max/min over in-edges; the gradient goes to the edge whose mask bit says it won."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, graph: Graph, is_min: bool) -> torch.Tensor:
-        schedule = row_schedule(graph, "csr")
-        out, position = torch.ops.gnnio.segment_extremum(
-            graph.csr_indptr, graph.csr_indices, x, graph.num_dst_nodes, is_min, _compact_positions(graph),
-            *schedule.args(),
+        rows = sorted_rows(graph)
+        out, masks = torch.ops.gnnio.segment_extremum_masked(
+            graph.csr_indptr, rows.indices, x, graph.num_dst_nodes, is_min, *row_schedule(graph, "csr").args()
         )
-        ctx.save_for_backward(position)
+        ctx.save_for_backward(masks)
         ctx.graph = graph
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        (position,) = ctx.saved_tensors
+        (masks,) = ctx.saved_tensors
         graph = ctx.graph
-        schedule = row_schedule(graph, "csc")
-        grad_x = torch.ops.gnnio.segment_extremum_backward(
-            graph.csc_indptr, graph.csc_indices, csc_positions(graph), grad_out.contiguous(), position,
-            graph.num_src_nodes, *schedule.args(),
+        grad_x = torch.ops.gnnio.segment_extremum_masked_backward(
+            graph.csc_indptr, graph.csc_indices, sorted_rows(graph).csc_mask_slot, grad_out.contiguous(), masks,
+            graph.num_src_nodes, *row_schedule(graph, "csc").args(),
         )
         return grad_x, None, None
 
