@@ -25,6 +25,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 
 namespace gnnio {
 namespace attention {
@@ -36,7 +37,11 @@ struct Params {
   IndexView indices;     // the neighbour of each slot
   const int64_t* eid;    // original edge id of each slot
   LaneGeometry geo;
-  int items_per_warp;
+  // Light rows (at most tile_edges slots): the non-empty ones by descending
+  // length, then the empty ones. See for_each_item.
+  const int64_t* row_order;
+  int64_t num_busy_rows;
+  int64_t num_empty_rows;
 
   const scalar_t* msg_src;     // [Ns, H, C] x_src (GAT, GATv2) or value (Dot)
   const scalar_t* key_src;     // [Ns, H, C] key (Dot)
@@ -67,7 +72,7 @@ struct Params {
   scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
   scalar_t* grad_edge;
   float* delta_out;
-  float* att_partial;  // [blocks, H, C]
+  float* att_partial;  // [resident warps, H, C]
   float* part_vec;
   float* part_vec2;
   float* part_scalar;
@@ -86,6 +91,7 @@ struct Lane {
   int head;
   bool head_ok;
   int col[K];
+  int offset[K];  // head * C + col[k] inside a [H, C] row; 0 where masked
   bool ok[K];
 
   __device__ __forceinline__ explicit Lane(const LaneGeometry& geo) {
@@ -97,21 +103,35 @@ struct Lane {
     for (int k = 0; k < K; ++k) {
       col[k] = (k * geo.lanes_per_head + in_head) * VEC;
       ok[k] = head_ok && col[k] < geo.channels;
+      offset[k] = ok[k] ? head * geo.channels + col[k] : 0;
     }
   }
 };
 
-// This lane's chunks of row `node` of a [rows, H, C] tensor, 0 where masked.
-// Masked lanes read the tensor's first element instead, so loads need no
-// branch and the compiler can issue all of a batch's loads back to back.
+// Row `index` of a [rows, H, C] tensor of T. Row indices (node, edge and tile
+// ids) are below 2^32 (checked on the host), so the byte offset is one 32 x 32
+// -> 64-bit multiply-add instead of two 64-bit multiplies per gathered row.
+template <typename T>
+__device__ __forceinline__ T* row_start(T* base, int64_t index, const LaneGeometry& geo) {
+  const uint32_t row_bytes = static_cast<uint32_t>(geo.heads * geo.channels * sizeof(T));
+  using Byte = typename std::conditional<std::is_const<T>::value, const char, char>::type;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) +
+                              static_cast<uint64_t>(static_cast<uint32_t>(index)) * row_bytes);
+}
+
+// This lane's chunks of row `node` of a [rows, H, C] tensor, 0 on lanes past
+// the head's channels (they read the tensor's first element instead). Loads
+// need no branch, so the compiler can issue all of a step's loads back to
+// back. The padding slots of a step read a real row (for_each_step) whose
+// values the caller ignores.
 template <int VEC, typename T>
 __device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
-                                         const Lane<VEC>& lane, bool valid, float (&x)[Layout<VEC>::kChunks][VEC]) {
-  const int64_t row_offset = (node * geo.heads + lane.head) * static_cast<int64_t>(geo.channels);
+                                         const Lane<VEC>& lane, float (&x)[Layout<VEC>::kChunks][VEC]) {
+  const T* row = row_start(base, node, geo);
 #pragma unroll
   for (int k = 0; k < Layout<VEC>::kChunks; ++k) {
-    const bool use = valid && lane.ok[k];
-    load_f32<VEC>(use ? base + row_offset + lane.col[k] : base, x[k]);
+    const bool use = lane.ok[k];
+    load_f32<VEC>(row + lane.offset[k], x[k]);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) x[k][v] = use ? x[k][v] : 0.f;
   }
@@ -120,16 +140,16 @@ __device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t nod
 template <int VEC, typename T>
 __device__ __forceinline__ void store_row(T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                           const Lane<VEC>& lane, const float (&x)[Layout<VEC>::kChunks][VEC]) {
-  const int64_t row_offset = (node * geo.heads + lane.head) * static_cast<int64_t>(geo.channels);
+  T* row = row_start(base, node, geo);
 #pragma unroll
   for (int k = 0; k < Layout<VEC>::kChunks; ++k)
-    if (lane.ok[k]) store_f32<VEC>(base + row_offset + lane.col[k], x[k]);
+    if (lane.ok[k]) store_f32<VEC>(row + lane.offset[k], x[k]);
 }
 
 template <typename T>
 __device__ __forceinline__ float load_scalar(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                              int head, bool valid) {
-  return valid ? static_cast<float>(base[node * geo.heads + head]) : 0.f;
+  return valid ? static_cast<float>(base[static_cast<uint64_t>(static_cast<uint32_t>(node)) * geo.heads + head]) : 0.f;
 }
 
 template <int VEC>
@@ -185,17 +205,18 @@ __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chu
 // How the 4-wide layout (one chunk per lane: C % 4 == 0, C <= 128) trades
 // warps for loads in flight. The kernels are latency-bound gathers: a warp
 // spends most of a short row waiting on indptr, then the neighbour ids, then
-// the neighbour rows, and only other warps hide that wait. So each kernel is
-// compiled for a number of resident 256-thread blocks per SM
-// (__launch_bounds__'s second argument caps registers at 64K / (blocks * 256)):
-// forward 4 (64 registers: half the SM's warps) with 4 edges' rows loaded per
-// step; backward 3 (80 registers) with 2 edges per step, since each edge
-// brings two rows and the row state (gradient sums) is larger; 4 edges there
-// would spill inside the edge loop. The 8-chunk scalar layout, used only for
-// odd or very wide heads, keeps 8x the state per lane and stays uncapped.
+// the neighbour rows. Each step issues all of its edges' row loads before the
+// first use (no branch between them, or the compiler serialises them: one
+// full memory latency per edge), and other warps hide the rest. Each kernel
+// is compiled for 3 resident 256-thread blocks per SM (__launch_bounds__'s
+// second argument caps registers at 64K / (blocks * 256) = 80): forward with
+// 4 edges' rows in flight per step (at 64 registers the batch spilled
+// 140-356 bytes), backward with 2, since each edge brings two rows and the
+// row state (gradient sums) is larger. The 8-chunk scalar layout, used only
+// for odd or very wide heads, keeps 8x the state per lane and stays uncapped.
 template <int VEC>
 constexpr int forward_blocks_per_sm() {
-  return VEC == 4 ? 4 : 1;
+  return VEC == 4 ? 3 : 1;
 }
 
 template <int VEC>
@@ -216,56 +237,100 @@ constexpr int kBackwardEdgesPerStep = 2;
 // outputs), so no register holds U edge ids across the step's loads. Call it
 // from warp-uniform code only: it is a full-warp shuffle.
 struct StepEdges {
-  long long mine;  // this lane's slot's edge id (0 when the kernel reads none)
+  uint32_t mine;   // this lane's slot's edge id (0 when the kernel reads none)
   int first;       // lane holding the step's first slot
+  int count;       // slots held by the lanes
 
-  __device__ __forceinline__ int64_t operator()(int u) const { return __shfl_sync(kFullMask, mine, first + u); }
+  __device__ __forceinline__ int64_t operator()(int u) const {
+    return static_cast<int64_t>(__shfl_sync(kFullMask, mine, first + u < count ? first + u : 0));
+  }
 };
 
 // Calls step(neighbour, valid, edges) for the slots [begin, end) of a warp's
 // item in groups of U; neighbour ids and edge ids are read 32 at a time, one
-// per lane, and handed round by shuffles.
+// per lane, and handed round by shuffles. A step's padding slots (valid
+// false) get lane 0's neighbour and edge id: real rows, so every load of the
+// step is unconditional.
 template <int U, typename Step>
 __device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const IndexView& indices,
                                               const int64_t* __restrict__ eid, bool need_eid, int lane, Step&& step) {
   for (int64_t base = begin; base < end; base += kWarp) {
     const int count = end - base < kWarp ? static_cast<int>(end - base) : kWarp;
-    const long long my_neighbour = lane < count ? indices[base + lane] : 0;
-    const long long my_eid = need_eid && lane < count ? eid[base + lane] : 0;
+    // ids below 2^32 (checked on the host): one 32-bit shuffle per slot
+    const uint32_t my_neighbour = lane < count ? static_cast<uint32_t>(indices[base + lane]) : 0;
+    const uint32_t my_eid = need_eid && lane < count ? static_cast<uint32_t>(eid[base + lane]) : 0;
     for (int first = 0; first < count; first += U) {
       int64_t neighbour[U];
       bool valid[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        neighbour[u] = __shfl_sync(kFullMask, my_neighbour, first + u);
         valid[u] = first + u < count;
+        neighbour[u] = static_cast<int64_t>(__shfl_sync(kFullMask, my_neighbour, valid[u] ? first + u : 0));
       }
-      step(neighbour, valid, StepEdges{my_eid, first});
+      step(neighbour, valid, StepEdges{my_eid, first, count});
     }
   }
 }
 
-__device__ __forceinline__ int64_t warp_item(int items_per_warp, int i) {
-  return (static_cast<int64_t>(blockIdx.x) * items_per_warp + i) * kWarpsPerBlock + (threadIdx.x >> 5);
+// The work items of a pass, longest first: the tiles of the heavy rows, the
+// non-empty light rows by descending length, then chunks of kWarp empty rows.
+// Resident warps take them round robin (item = warp, warp + warps, ...), so
+// the k-th items of all warps are about equally long and every warp ends at
+// about the same time; a warp never waits for its block's slowest warp.
+// Calls row(item) for tiles and rows, empty(row) for each empty row.
+template <typename scalar_t, typename Row, typename Empty>
+__device__ __forceinline__ void for_each_item(const Params<scalar_t>& p, int lane, Row&& row, Empty&& empty) {
+  const RowSchedule& s = p.schedule;
+  const int64_t rows_end = s.num_tiles + p.num_busy_rows;
+  const int64_t items = rows_end + (p.num_empty_rows + kWarp - 1) / kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); index < items;
+       index += warps) {
+    WorkItem item;
+    if (index < s.num_tiles) {
+      item.row = s.tile_row[index];
+      item.row_begin = s.indptr[item.row];
+      item.begin = s.tile_start[index];
+      item.end = min(item.begin + s.tile_edges, s.indptr[item.row + 1]);
+      item.partial = index;
+      row(item);
+    } else if (index < rows_end) {
+      item.row = p.row_order[index - s.num_tiles];
+      item.row_begin = item.begin = s.indptr[item.row];
+      item.end = s.indptr[item.row + 1];
+      item.partial = -1;
+      row(item);
+    } else {
+      const int64_t first = (index - rows_end) * kWarp;
+      const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), p.num_empty_rows - first));
+      const uint32_t mine = lane < count ? static_cast<uint32_t>(p.row_order[p.num_busy_rows + first + lane]) : 0;
+      for (int j = 0; j < count; ++j) empty(static_cast<int64_t>(__shfl_sync(kFullMask, mine, j)));
+    }
+  }
+}
+
+__device__ __forceinline__ int64_t warp_index() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
 }
 
 // ------------------------------------------------------------------ forward
 template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<VEC>()) forward_kernel(const Params<scalar_t> p) {
   constexpr int U = forward_edges_per_step<VEC>();
+  constexpr int K = Layout<VEC>::kChunks;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr;
+  const bool writer = lane.head_ok && lane.in_head == 0;
 
-  for (int i = 0; i < p.items_per_warp; ++i) {
-    WorkItem item;
-    if (!work_item(p.schedule, warp_item(p.items_per_warp, i), item)) continue;
+  Chunks<VEC> att;  // GATv2's attention vector
+  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, att);
 
-    Chunks<VEC> target, att;  // query / x_dst of the row; GATv2's attention vector
+  for_each_item(p, lane.lane, [&](const WorkItem& item) {
+    Chunks<VEC> target;  // query / x_dst of the row
     float alpha_dst = 0.f;
-    if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, true, target);
-    if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, true, att);
+    if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
     if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
 
     Chunks<VEC> acc;
@@ -274,39 +339,52 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
 
     for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
                      [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
+      // All of the step's gathers first, with no branch between them, so
+      // their latencies overlap; edge features (rare) come in a second round.
       Chunks<VEC> message[U];
       float partial[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        load_row<VEC>(p.msg_src, neighbour[u], geo, lane, valid[u], message[u]);
-        if constexpr (KIND == kDot) {
-          Chunks<VEC> key;
-          load_row<VEC>(p.key_src, neighbour[u], geo, lane, valid[u], key);
-          if (p.edge) {
+      for (int u = 0; u < U; ++u) load_row<VEC>(p.msg_src, neighbour[u], geo, lane, message[u]);
+      if constexpr (KIND == kDot) {
+        Chunks<VEC> key[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
+        if (p.edge) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
-            add_to<VEC>(key, feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
+            add_to<VEC>(key[u], feature);
             add_to<VEC>(message[u], feature);
           }
-          partial[u] = dot<VEC>(target, key);
-        } else if constexpr (KIND == kGatV2) {
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, key[u]);
+      } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
           Chunks<VEC> hidden;
 #pragma unroll
-          for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+          for (int k = 0; k < K; ++k)
 #pragma unroll
             for (int v = 0; v < VEC; ++v) hidden[k][v] = message[u][k][v] + target[k][v];
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
             add_to<VEC>(hidden, feature);
           }
           partial[u] = gatv2_partial<VEC>(att, hidden, p.slope);
-        } else {
-          const bool use = valid[u] && lane.head_ok;
-          float z = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, use) + alpha_dst;
-          if (p.edge) z += load_scalar(p.edge, edge_id(u), geo, lane.head, use);
-          partial[u] = leaky_relu(z, p.slope);
         }
+      } else {
+        float z[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok) + alpha_dst;
+        if (p.edge) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, lane.head_ok);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) partial[u] = leaky_relu(z[u], p.slope);
       }
       float score[U], drop[U];
       float new_max = run_max;
@@ -323,7 +401,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
       const float correction = __expf(run_max - new_max);
       run_sum *= correction;
 #pragma unroll
-      for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+      for (int k = 0; k < K; ++k)
 #pragma unroll
         for (int v = 0; v < VEC; ++v) acc[k][v] *= correction;
 #pragma unroll
@@ -334,8 +412,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
         add_scaled<VEC>(acc, weight * drop[u], message[u]);
         if (p.scores != nullptr) {
           const int64_t e = edge_id(u);
-          if (lane.head_ok && lane.in_head == 0)
-            p.scores[e * geo.heads + lane.head] = p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
+          if (writer) p.scores[e * geo.heads + lane.head] = p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
         }
       }
       run_max = new_max;
@@ -344,20 +421,24 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
     if (item.partial < 0) {
       const float inverse = run_sum > 0.f ? 1.f / run_sum : 0.f;
 #pragma unroll
-      for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+      for (int k = 0; k < K; ++k)
 #pragma unroll
         for (int v = 0; v < VEC; ++v) acc[k][v] *= inverse;
       store_row<VEC>(p.out, item.row, geo, lane, acc);
-      if (lane.head_ok && lane.in_head == 0)
-        p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
+      if (writer) p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
     } else {
       store_row<VEC>(p.part_acc, item.partial, geo, lane, acc);
-      if (lane.head_ok && lane.in_head == 0) {
+      if (writer) {
         p.part_max[item.partial * geo.heads + lane.head] = run_max;
         p.part_sum[item.partial * geo.heads + lane.head] = run_sum;
       }
     }
-  }
+  }, [&](int64_t row) {
+    Chunks<VEC> zero;
+    set_zero<VEC>(zero);
+    store_row<VEC>(p.out, row, geo, lane, zero);
+    if (writer) p.lse[row * geo.heads + lane.head] = 0.f;
+  });
 }
 
 // Second forward pass for heavy rows: merge the tiles' softmax states in
@@ -417,17 +498,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 
   Chunks<VEC> att, att_grad;  // GATv2: the attention vector and this warp's share of its gradient
   set_zero<VEC>(att_grad);
-  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, true, att);
+  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, att);
 
-  for (int i = 0; i < p.items_per_warp; ++i) {
-    WorkItem item;
-    if (!work_item(p.schedule, warp_item(p.items_per_warp, i), item)) continue;
-
+  for_each_item(p, lane.lane, [&](const WorkItem& item) {
     Chunks<VEC> grad, target;
-    load_row<VEC>(p.grad_out, item.row, geo, lane, true, grad);
+    load_row<VEC>(p.grad_out, item.row, geo, lane, grad);
     const float row_lse = load_scalar(p.lse_in, item.row, geo, lane.head, lane.head_ok);
     float alpha_dst = 0.f;
-    if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, true, target);
+    if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
     if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
 
     // sums over the row's edges of r_e * term_e (weighted) and p_e * term_e (plain)
@@ -440,38 +518,49 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 
     for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
                      [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
+      // gathers first, with no branch between them (see forward_kernel)
       Chunks<VEC> message[U], key[U];  // key: Dot's key + edge; GATv2's hidden
       float partial[U], message_dot[U], z[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        load_row<VEC>(p.msg_src, neighbour[u], geo, lane, valid[u], message[u]);
-        if constexpr (KIND == kDot) {
-          load_row<VEC>(p.key_src, neighbour[u], geo, lane, valid[u], key[u]);
-          if (p.edge) {
+      for (int u = 0; u < U; ++u) load_row<VEC>(p.msg_src, neighbour[u], geo, lane, message[u]);
+      if constexpr (KIND == kDot) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
+        if (p.edge) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
             add_to<VEC>(key[u], feature);
             add_to<VEC>(message[u], feature);
           }
-          partial[u] = dot<VEC>(target, key[u]);
-        } else if constexpr (KIND == kGatV2) {
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, key[u]);
+      } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
 #pragma unroll
           for (int k = 0; k < K; ++k)
 #pragma unroll
             for (int v = 0; v < VEC; ++v) key[u][k][v] = message[u][k][v] + target[k][v];
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
             add_to<VEC>(key[u], feature);
           }
           partial[u] = gatv2_partial<VEC>(att, key[u], p.slope);
-        } else {
-          const bool use = valid[u] && lane.head_ok;
-          z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, use) + alpha_dst;
-          if (p.edge) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, use);
         }
-        message_dot[u] = dot<VEC>(grad, message[u]);
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u) z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok) + alpha_dst;
+        if (p.edge) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, lane.head_ok);
+        }
       }
+#pragma unroll
+      for (int u = 0; u < U; ++u) message_dot[u] = dot<VEC>(grad, message[u]);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         float score;
@@ -541,29 +630,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         }
       }
     }
-  }
-
-  if constexpr (KIND == kGatV2) {
-    // Deterministic block sum of the warps' attention-vector gradients; the
-    // [blocks, H, C] partials are summed on the host side in one more step.
-    __shared__ float shared[kWarpsPerBlock][K * VEC][kWarp];
-    const int warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) shared[warp][k * VEC + v][lane.lane] = att_grad[k][v];
-    __syncthreads();
-    for (int slot = threadIdx.x; slot < K * VEC * kWarp; slot += blockDim.x) {
-      const int owner = slot % kWarp, kv = slot / kWarp;
-      const int k = kv / VEC, v = kv % VEC;
-      const int head = blockIdx.y * geo.heads_per_warp + owner / geo.lanes_per_head;
-      const int col = (k * geo.lanes_per_head + (owner & (geo.lanes_per_head - 1))) * VEC + v;
-      if (head >= geo.heads || col >= geo.channels) continue;
-      float sum = 0.f;
-      for (int w = 0; w < kWarpsPerBlock; ++w) sum += shared[w][kv][owner];
-      p.att_partial[(static_cast<int64_t>(blockIdx.x) * geo.heads + head) * geo.channels + col] = sum;
+  }, [&](int64_t row) {
+    if (writer) p.delta_out[row * geo.heads + lane.head] = 0.f;
+    if constexpr (KIND == kGat) {
+      if (writer) p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
+    } else {
+      Chunks<VEC> zero;
+      set_zero<VEC>(zero);
+      store_row<VEC>(p.grad_vec, row, geo, lane, zero);
     }
-  }
+  });
+
+  // GATv2: each resident warp's share of the attention-vector gradient, one
+  // row per warp (fixed item assignment: deterministic), summed on the host
+  // side. No block barrier: warps of a block end at different times.
+  if constexpr (KIND == kGatV2) store_row<VEC>(p.att_partial, warp_index(), geo, lane, att_grad);
 }
 
 // Heavy rows of the target-side pass: add the tiles' sums in tile order, then
@@ -606,18 +687,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   const Dropout dropout = p.dropout;
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f;
+  const bool writer = lane.head_ok && lane.in_head == 0;
 
   Chunks<VEC> att;
-  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, true, att);
+  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, att);
 
-  for (int i = 0; i < p.items_per_warp; ++i) {
-    WorkItem item;
-    if (!work_item(p.schedule, warp_item(p.items_per_warp, i), item)) continue;
-
+  for_each_item(p, lane.lane, [&](const WorkItem& item) {
     // the source row: x_src (GAT, GATv2) or value and key (Dot)
     Chunks<VEC> message, key;
-    load_row<VEC>(p.msg_src, item.row, geo, lane, true, message);
-    if constexpr (KIND == kDot) load_row<VEC>(p.key_src, item.row, geo, lane, true, key);
+    load_row<VEC>(p.msg_src, item.row, geo, lane, message);
+    if constexpr (KIND == kDot) load_row<VEC>(p.key_src, item.row, geo, lane, key);
     float alpha_src = 0.f;
     if constexpr (KIND == kGat) alpha_src = load_scalar(p.src_scalar, item.row, geo, lane.head, lane.head_ok);
 
@@ -628,49 +707,64 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 
     for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
                      [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
+      // gathers first, with no branch between them (see forward_kernel)
       Chunks<VEC> grad[U], target[U], hidden[U];
       float partial[U], message_dot[U], row_lse[U], row_delta[U], z[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const bool use = valid[u] && lane.head_ok;
-        load_row<VEC>(p.grad_out, neighbour[u], geo, lane, valid[u], grad[u]);
-        row_lse[u] = load_scalar(p.lse_in, neighbour[u], geo, lane.head, use);
-        row_delta[u] = load_scalar(p.delta_in, neighbour[u], geo, lane.head, use);
-        if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, neighbour[u], geo, lane, valid[u], target[u]);
-        if constexpr (KIND == kDot) {
-          Chunks<VEC> key_edge, message_edge;
+        load_row<VEC>(p.grad_out, neighbour[u], geo, lane, grad[u]);
+        if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, neighbour[u], geo, lane, target[u]);
+        row_lse[u] = load_scalar(p.lse_in, neighbour[u], geo, lane.head, lane.head_ok);
+        row_delta[u] = load_scalar(p.delta_in, neighbour[u], geo, lane.head, lane.head_ok);
+        if constexpr (KIND == kGat) z[u] = alpha_src + load_scalar(p.dst_scalar, neighbour[u], geo, lane.head, lane.head_ok);
+      }
+      if constexpr (KIND == kDot) {
+        Chunks<VEC> key_edge[U], message_edge[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
 #pragma unroll
           for (int k = 0; k < K; ++k)
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
-              key_edge[k][v] = key[k][v];
-              message_edge[k][v] = message[k][v];
+              key_edge[u][k][v] = key[k][v];
+              message_edge[u][k][v] = message[k][v];
             }
-          if (p.edge) {
+        if (p.edge) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
-            add_to<VEC>(key_edge, feature);
-            add_to<VEC>(message_edge, feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
+            add_to<VEC>(key_edge[u], feature);
+            add_to<VEC>(message_edge[u], feature);
           }
-          partial[u] = dot<VEC>(target[u], key_edge);
-          message_dot[u] = dot<VEC>(grad[u], message_edge);
-        } else if constexpr (KIND == kGatV2) {
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          partial[u] = dot<VEC>(target[u], key_edge[u]);
+          message_dot[u] = dot<VEC>(grad[u], message_edge[u]);
+        }
+      } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
 #pragma unroll
           for (int k = 0; k < K; ++k)
 #pragma unroll
             for (int v = 0; v < VEC; ++v) hidden[u][k][v] = message[k][v] + target[u][k][v];
           if (p.edge) {
             Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, valid[u], feature);
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
             add_to<VEC>(hidden[u], feature);
           }
           partial[u] = gatv2_partial<VEC>(att, hidden[u], p.slope);
           message_dot[u] = dot<VEC>(grad[u], message);
-        } else {
-          z[u] = alpha_src + load_scalar(p.dst_scalar, neighbour[u], geo, lane.head, use);
-          if (p.edge) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, use);
-          message_dot[u] = dot<VEC>(grad[u], message);
         }
+      } else {
+        if (p.edge) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, lane.head_ok);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) message_dot[u] = dot<VEC>(grad[u], message);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -711,13 +805,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           scalar_grad += z_grad;
           if (p.grad_edge) {
             const int64_t e = edge_id(u);
-            if (lane.head_ok && lane.in_head == 0) p.grad_edge[e * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
+            if (writer) p.grad_edge[e * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
           }
         }
       }
     });
 
-    const bool writer = lane.head_ok && lane.in_head == 0;
     if (item.partial < 0) {
       store_row<VEC>(p.grad_vec, item.row, geo, lane, source_grad);
       if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
@@ -727,7 +820,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       if constexpr (KIND == kDot) store_row<VEC>(p.part_vec2, item.partial, geo, lane, key_grad);
       if (KIND == kGat && writer) p.part_scalar[item.partial * geo.heads + lane.head] = scalar_grad;
     }
-  }
+  }, [&](int64_t row) {
+    Chunks<VEC> zero;
+    set_zero<VEC>(zero);
+    store_row<VEC>(p.grad_vec, row, geo, lane, zero);
+    if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, row, geo, lane, zero);
+    if (KIND == kGat && writer) p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
+  });
 }
 
 // ---------------------------------------------------------------- host side
@@ -812,6 +911,11 @@ Features check_features(const char* op, int64_t kind, int64_t num_dst, int64_t n
               kind);
   TORCH_CHECK(msg_src.dim() == 3, op, ": msg_src must have 3 dims [N, H, C], got shape ", msg_src.sizes());
   const int64_t ns = msg_src.size(0), h = msg_src.size(1), c = msg_src.size(2);
+  // The kernels address rows with 32-bit ids (attention.cu: row_start).
+  constexpr int64_t max_rows = int64_t{1} << 32;
+  TORCH_CHECK(ns < max_rows && num_dst < max_rows && num_edges < max_rows, op,
+              ": node and edge counts must be below 2^32, got ", ns, " sources, ", num_dst, " targets, ", num_edges,
+              " edges");
   TORCH_CHECK(h > 0 && c > 0 && c <= kMaxChannels, op, ": heads must be >= 1 and channels in 1..", kMaxChannels,
               ", got shape ", msg_src.sizes());
   const at::ScalarType dtype = msg_src.scalar_type();
@@ -849,16 +953,40 @@ const scalar_t* ptr_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<scalar_t>() : nullptr;
 }
 
+// The light rows of a pass in item order (for_each_item): the first
+// `busy` are the non-empty ones.
+struct RowOrder {
+  const int64_t* rows;
+  int64_t busy;
+  int64_t empty;
+};
+
+RowOrder row_order_view(const char* op, const RowSchedule& schedule, const at::Tensor& row_order,
+                        int64_t num_busy_rows) {
+  TORCH_CHECK(row_order.is_cuda() && row_order.scalar_type() == at::kLong && row_order.dim() == 1 &&
+                  row_order.is_contiguous(),
+              op, ": row_order must be a contiguous 1-d int64 CUDA tensor, got ", row_order.scalar_type(), " of shape ",
+              row_order.sizes(), " on ", row_order.device());
+  TORCH_CHECK(row_order.numel() == schedule.num_rows - schedule.num_heavy, op,
+              ": row_order must list the ", schedule.num_rows - schedule.num_heavy, " light rows, got ",
+              row_order.numel());
+  TORCH_CHECK(num_busy_rows >= 0 && num_busy_rows <= row_order.numel(), op, ": num_busy_rows must be in 0..",
+              row_order.numel(), ", got ", num_busy_rows);
+  return RowOrder{row_order.data_ptr<int64_t>(), num_busy_rows, row_order.numel() - num_busy_rows};
+}
+
 template <typename scalar_t>
-Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, const at::Tensor& indices,
-                             const at::Tensor& eid, int vec, double negative_slope, double scale, double dropout,
-                             int64_t seed, int64_t offset) {
+Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, const RowOrder& order,
+                             const at::Tensor& indices, const at::Tensor& eid, int vec, double negative_slope,
+                             double scale, double dropout, int64_t seed, int64_t offset) {
   Params<scalar_t> p{};
   p.schedule = schedule;
   p.indices = index_view(indices);
   p.eid = eid.data_ptr<int64_t>();
   p.geo = lane_geometry(static_cast<int>(f.heads), static_cast<int>(f.channels), vec, vec == 4 ? 1 : 8);
-  p.items_per_warp = 1;
+  p.row_order = order.rows;
+  p.num_busy_rows = order.busy;
+  p.num_empty_rows = order.empty;
   p.msg_src = f.msg_src.data_ptr<scalar_t>();
   p.key_src = ptr_or_null<scalar_t>(f.key_src);
   p.dst_vec = ptr_or_null<scalar_t>(f.dst_vec);
@@ -885,12 +1013,19 @@ void check_graph(const char* op, const at::Tensor& indices, const at::Tensor& ei
               eid.numel());
 }
 
-dim3 first_pass_grid(const RowSchedule& s, const LaneGeometry& geo, int items_per_warp) {
-  const int64_t items = s.num_tiles + s.num_rows;
-  const int64_t per_block = static_cast<int64_t>(kWarpsPerBlock) * items_per_warp;
-  const int64_t blocks = (items + per_block - 1) / per_block;
-  TORCH_CHECK(blocks < (int64_t{1} << 31), "gnnio attention: too many rows for one launch: ", items);
-  const int head_groups = (geo.heads + geo.heads_per_warp - 1) / geo.heads_per_warp;
+// Blocks of a pass whose warps loop over the work items (for_each_item): as
+// many as stay resident on the GPU (this kernel's occupancy), never more than
+// one item per warp. y: the head groups (heads wider than a warp's share).
+template <typename Kernel, typename scalar_t>
+dim3 resident_grid(Kernel kernel, const Params<scalar_t>& p) {
+  const int64_t items = p.schedule.num_tiles + p.num_busy_rows + (p.num_empty_rows + kWarp - 1) / kWarp;
+  const int64_t needed = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  int blocks_per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kWarpsPerBlock * kWarp, 0));
+  const int head_groups = (p.geo.heads + p.geo.heads_per_warp - 1) / p.geo.heads_per_warp;
+  const int64_t resident = static_cast<int64_t>(std::max(blocks_per_sm, 1)) *
+                           at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t blocks = std::min(needed, std::max<int64_t>(1, resident / head_groups));
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(head_groups));
 }
 
@@ -899,7 +1034,8 @@ constexpr int kMergeThreads = 256;
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
-    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& msg_src,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& row_order, int64_t num_busy_rows,
+    const at::Tensor& msg_src,
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
@@ -907,6 +1043,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
       row_schedule(kForward, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  const RowOrder order = row_order_view(kForward, schedule, row_order, num_busy_rows);
   check_graph(kForward, indices, eid, num_edges);
   const Features f = check_features(kForward, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar,
                                     dst_scalar, att, edge);
@@ -926,7 +1063,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, kForward, [&] {
-    Params<scalar_t> p = make_params<scalar_t>(f, schedule, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
+    Params<scalar_t> p =
+        make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     p.out = out.data_ptr<scalar_t>();
     p.lse = lse.data_ptr<float>();
     p.scores = return_scores ? scores.data_ptr<float>() : nullptr;
@@ -934,13 +1072,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     p.part_max = part_max.data_ptr<float>();
     p.part_sum = part_sum.data_ptr<float>();
     p.part_acc = part_acc.data_ptr<float>();
-    const dim3 grid = first_pass_grid(schedule, p.geo, p.items_per_warp);
-    if (grid.x > 0) {
-      GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
-        forward_kernel<KIND, VEC, scalar_t><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-    }
+    GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
+      const auto kernel = forward_kernel<KIND, VEC, scalar_t>;
+      const dim3 grid = resident_grid(kernel, p);
+      if (grid.x == 0) return;
+      kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
     if (schedule.num_heavy > 0) {
       merge_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), kMergeThreads, 0, stream>>>(
           schedule, static_cast<int>(f.heads), static_cast<int>(f.channels), p.part_max, p.part_sum, p.part_acc,
@@ -960,14 +1098,11 @@ void sum_tiles(const RowSchedule& s, int64_t width, const at::Tensor& partial, c
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The target-side gradient pass also stores its attention-vector partials
-// per block: with 4 rows per warp that is E / 32-row blocks, far below N x H x C.
-constexpr int kGatV2RowsPerWarp = 4;
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
-    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& msg_src,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& row_order, int64_t num_busy_rows,
+    const at::Tensor& msg_src,
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
@@ -976,6 +1111,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
       row_schedule(op, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  const RowOrder order = row_order_view(op, schedule, row_order, num_busy_rows);
   check_graph(op, indices, eid, num_edges);
   const Features f =
       check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge);
@@ -1000,17 +1136,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
   at::Tensor grad_att = at::empty({0}, msg_src.options());
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
-    Params<scalar_t> p = make_params<scalar_t>(f, schedule, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
-    p.items_per_warp = kind == kGatV2 ? kGatV2RowsPerWarp : 1;
-    const dim3 grid = first_pass_grid(schedule, p.geo, p.items_per_warp);
-    at::Tensor att_partial =
-        at::empty({kind == kGatV2 ? static_cast<int64_t>(grid.x) : 0, f.heads * f.channels}, float_options);
+    Params<scalar_t> p =
+        make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
+    at::Tensor att_partial = at::empty({0, f.heads * f.channels}, float_options);
     p.grad_out = grad_out.data_ptr<scalar_t>();
     p.lse_in = lse.data_ptr<float>();
     p.grad_vec = kind == kGat ? nullptr : grad_dst.data_ptr<scalar_t>();
     p.grad_scalar = kind == kGat ? grad_dst.data_ptr<scalar_t>() : nullptr;
     p.delta_out = delta.data_ptr<float>();
-    p.att_partial = att_partial.data_ptr<float>();
     p.part_delta = part_delta.data_ptr<float>();
     p.part_vec = part_weighted.data_ptr<float>();
     p.part_vec2 = part_plain.data_ptr<float>();
@@ -1018,12 +1151,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     p.part_scalar2 = part_plain.data_ptr<float>();
     p.part_att = part_att_weighted.data_ptr<float>();
     p.part_att2 = part_att_plain.data_ptr<float>();
-    if (grid.x > 0) {
-      GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
-        backward_target_kernel<KIND, VEC, scalar_t><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-    }
+    GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
+      const auto kernel = backward_target_kernel<KIND, VEC, scalar_t>;
+      const dim3 grid = resident_grid(kernel, p);
+      // GATv2: one attention-vector partial row per resident warp
+      if (kind == kGatV2) att_partial = at::empty({grid.x * int64_t{kWarpsPerBlock}, f.heads * f.channels}, float_options);
+      p.att_partial = att_partial.data_ptr<float>();
+      if (grid.x == 0) return;
+      kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
     if (schedule.num_heavy > 0) {
       finish_target_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), kMergeThreads, 0, stream>>>(
           schedule, static_cast<int>(f.heads), static_cast<int>(per_head), kind == kDot ? p.scale : 1.f,
@@ -1040,7 +1177,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
-    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& msg_src,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& row_order, int64_t num_busy_rows,
+    const at::Tensor& msg_src,
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
@@ -1050,6 +1188,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
   const int64_t num_src = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
       row_schedule(op, indptr, num_src, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  const RowOrder order = row_order_view(op, schedule, row_order, num_busy_rows);
   check_graph(op, indices, eid, num_edges);
   TORCH_CHECK(grad_out.dim() == 3, op, ": grad_out must have 3 dims [Nd, H, C], got shape ", grad_out.sizes());
   const int64_t num_dst = grad_out.size(0);
@@ -1074,7 +1213,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
-    Params<scalar_t> p = make_params<scalar_t>(f, schedule, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
+    Params<scalar_t> p =
+        make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     p.grad_out = grad_out.data_ptr<scalar_t>();
     p.lse_in = lse.data_ptr<float>();
     p.delta_in = delta.data_ptr<float>();
@@ -1085,13 +1225,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
     p.part_vec = part_vec.data_ptr<float>();
     p.part_vec2 = part_vec2.data_ptr<float>();
     p.part_scalar = part_scalar.data_ptr<float>();
-    const dim3 grid = first_pass_grid(schedule, p.geo, p.items_per_warp);
-    if (grid.x > 0) {
-      GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
-        backward_source_kernel<KIND, VEC, scalar_t><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-    }
+    GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
+      const auto kernel = backward_source_kernel<KIND, VEC, scalar_t>;
+      const dim3 grid = resident_grid(kernel, p);
+      if (grid.x == 0) return;
+      kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
     sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec, grad_msg, stream);
     if (kind == kDot) sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec2, grad_key, stream);
     if (kind == kGat) sum_tiles<scalar_t>(schedule, f.heads, part_scalar, grad_scalar, stream);
@@ -1118,7 +1258,10 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 // Schemas. kind: 0 GAT, 1 GATv2, 2 dot product (Transformer, AGNN). The
 // graph arguments are (indptr, indices, eid) of the CSR for the forward and
 // target-side passes, of the CSC for the source-side pass, each with its row
-// schedule (common.cuh). Per-edge tensors are in eid order.
+// schedule (common.cuh) and row_order: the light rows (at most tile_edges
+// slots), the num_busy_rows non-empty ones first by descending length, then
+// the empty ones (gnnio_cli/ops/attention_native.py builds it once per
+// graph). Per-edge tensors are in eid order.
 //   msg_src [Ns, H, C]: x_src (GAT, GATv2) or value (dot)
 //   key_src [Ns, H, C]: key (dot);  dst_vec [Nd, H, C]: x_dst (GATv2) or query (dot)
 //   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT)
@@ -1133,8 +1276,8 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 // Deterministic; no atomics.
 #define GNNIO_ATTENTION_GRAPH_ARGS                                                                          \
   "Tensor indptr, Tensor indices, Tensor eid, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, " \
-  "Tensor heavy_tile_ptr, int tile_edges, Tensor msg_src, Tensor? key_src, Tensor? dst_vec, Tensor? src_scalar, " \
-  "Tensor? dst_scalar, Tensor? att, Tensor? edge, "
+  "Tensor heavy_tile_ptr, int tile_edges, Tensor row_order, int num_busy_rows, Tensor msg_src, "             \
+  "Tensor? key_src, Tensor? dst_vec, Tensor? src_scalar, Tensor? dst_scalar, Tensor? att, Tensor? edge, "
 
 TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def("attention_forward(int kind, " GNNIO_ATTENTION_GRAPH_ARGS

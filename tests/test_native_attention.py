@@ -257,8 +257,10 @@ def test_attention_weights_with_autograd_take_the_reference(kind):
             assert dispatch.ran()[f"{kind}_attention"] == "reference"
         loss = out.sum() + (alpha * torch.arange(alpha.numel(), device="cuda").reshape(alpha.shape)).sum()
         results[backend] = torch.autograd.grad(loss, list(inputs.values()))
+    # Both calls run the reference, whose CUDA scatter sums add in no fixed order: equal up to
+    # fp32 rounding of sums whose terms reach alpha.numel() in size.
     for native_grad, reference_grad in zip(results["native"], results["reference"]):
-        torch.testing.assert_close(native_grad, reference_grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(native_grad, reference_grad, rtol=1e-4, atol=1e-5 * reference_grad.abs().max().item())
 
 
 def test_dropout_statistics_and_fresh_masks():

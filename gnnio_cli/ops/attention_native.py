@@ -10,9 +10,11 @@ the recomputed terms, never from a rounded 16-bit output), once along the CSC
 for the source-side and per-edge ones. Results are deterministic (no atomics).
 
 Schedule, chosen per graph from its degree profile and cached on the Graph:
-rows with at most ``tile_edges`` in-edges are handled by one warp each
-(several rows per block); longer rows are cut into tiles of ``tile_edges``,
-one warp per tile, whose partial softmax states a second kernel merges.
+rows with at most ``tile_edges`` in-edges are handled by one warp each;
+longer rows are cut into tiles of ``tile_edges``, one warp per tile, whose
+partial softmax states a second kernel merges. The resident warps take the
+work longest first (tiles, then the light rows by descending degree, then
+the empty rows in chunks), round robin, so all of them stay busy to the end.
 
 Limits: fp32, fp16 and bf16 features (fp64 and head widths above
 :data:`MAX_CHANNELS` run the reference, see :func:`supports`); the returned
@@ -28,7 +30,6 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
-import torch.nn.functional as F
 
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch
@@ -116,6 +117,30 @@ def build_row_schedule(indptr: torch.Tensor, tile_edges: int) -> RowSchedule:
     return RowSchedule(tile_edges, tile_row, tile_start, heavy_rows, heavy_tile_ptr)
 
 
+@dataclass(frozen=True)
+class RowOrder:
+    """The light rows of one side (at most tile_edges slots) in the order the kernels take them.
+
+    rows     int64 [L]  the non-empty light rows by descending degree (ties by row), then the empty rows
+    num_busy int        how many of `rows` are non-empty
+    """
+
+    rows: torch.Tensor
+    num_busy: int
+
+    def args(self) -> tuple:
+        return self.rows, self.num_busy
+
+
+def build_row_order(indptr: torch.Tensor, tile_edges: int) -> RowOrder:
+    """Light rows of `indptr` (degree <= tile_edges), longest first, then the empty ones."""
+    degree = indptr.diff()
+    light = torch.nonzero(degree <= tile_edges).flatten()
+    light_degree = degree[light]
+    order = torch.sort(light_degree, descending=True, stable=True).indices
+    return RowOrder(light[order], int((light_degree > 0).sum()))
+
+
 _forced = threading.local()
 
 
@@ -148,6 +173,13 @@ def row_schedule(graph: Graph, side: str, tile_edges: Optional[int] = None) -> R
     return graph.cached(("attention_schedule", side, tile_edges), lambda: build_row_schedule(indptr, tile_edges))
 
 
+def row_order(graph: Graph, side: str, schedule: RowSchedule) -> RowOrder:
+    """The cached order of the light rows of the graph's 'csr' or 'csc' under `schedule`."""
+    indptr = graph.csr_indptr if side == "csr" else graph.csc_indptr
+    tile_edges = schedule.tile_edges
+    return graph.cached(("attention_row_order", side, tile_edges), lambda: build_row_order(indptr, tile_edges))
+
+
 # ----------------------------------------------------------------- autograd
 @dataclass(frozen=True)
 class _Call:
@@ -157,6 +189,8 @@ class _Call:
     graph: Graph
     csr: RowSchedule
     csc: RowSchedule
+    csr_order: RowOrder
+    csc_order: RowOrder
     negative_slope: float
     scale: float
     dropout: float
@@ -166,11 +200,11 @@ class _Call:
 
     def csr_args(self) -> tuple:
         g = self.graph
-        return (g.csr_indptr, g.csr_indices, g.csr_eid, *self.csr.args())
+        return (g.csr_indptr, g.csr_indices, g.csr_eid, *self.csr.args(), *self.csr_order.args())
 
     def csc_args(self) -> tuple:
         g = self.graph
-        return (g.csc_indptr, g.csc_indices, g.csc_eid, *self.csc.args())
+        return (g.csc_indptr, g.csc_indices, g.csc_eid, *self.csc.args(), *self.csc_order.args())
 
     def score_args(self) -> tuple:
         return self.negative_slope, self.scale, self.dropout, self.seed, self.offset
@@ -240,7 +274,9 @@ def _run(
         with torch.cuda.device(tensors[0].device):
             seed, offset = torch.ops.gnnio.attention_dropout_seed((heads + 3) // 4)
     return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
-    call = _Call(kind, graph, csr, csc, float(negative_slope), float(scale), dropout, seed, offset, return_scores)
+    csr_order, csc_order = row_order(graph, "csr", csr), row_order(graph, "csc", csc)
+    call = _Call(kind, graph, csr, csc, csr_order, csc_order, float(negative_slope), float(scale), dropout, seed, offset,
+                 return_scores)
     out, lse, scores = _FusedAttention.apply(call, *tensors)
     dispatch.record(op, f"fused {csr.name}")
     if not return_attention:
@@ -285,16 +321,46 @@ def transformer_attention(graph, query, key, value, edge_feat, dropout, training
     )  # fmt: skip
 
 
+# F.normalize's floor on the row norm: rows shorter than this are divided by it.
+_NORM_FLOOR = 1e-12
+
+
+class _UnitRows(torch.autograd.Function):
+    """x [N, C] -> x / max(|x|, 1e-12) row by row (F.normalize), in fp32.
+
+    The same function as F.normalize with a third of its node-sized kernels:
+    forward keeps the unit rows and one [N, 1] inverse norm; backward is
+    (g - u <g, u>) / |x| (the radial part dropped), or g / 1e-12 for rows under the floor.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.input_dtype = x.dtype
+        x = x.to(torch.float32)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        inverse = norm.clamp_min(_NORM_FLOOR).reciprocal_()
+        unit = x * inverse
+        ctx.save_for_backward(unit, inverse, norm >= _NORM_FLOOR)
+        return unit
+
+    @staticmethod
+    def backward(ctx, grad):
+        unit, inverse, above_floor = ctx.saved_tensors
+        radial = torch.linalg.vecdot(grad, unit, dim=-1).unsqueeze(-1) * above_floor
+        return torch.addcmul(grad, unit, radial, value=-1.0).mul_(inverse).to(ctx.input_dtype)
+
+
 def agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attention):
     """Fused :func:`gnnio_cli.ops.attention.agnn_attention`: a one-head dot-product attention.
 
     The cosine is a dot product of unit rows; beta is folded into the target
     side (query = beta * x_dst / |x_dst|), so autograd carries its gradient
-    through these two small node-sized ops, not through the kernel.
+    through these small node-sized ops, not through the kernel. When x_src is
+    x_dst (AGNNConv's case) the unit rows are computed once.
     """
-    compute = torch.float32
-    key = F.normalize(x_src.to(compute), p=2.0, dim=-1)
-    query = beta.to(compute).reshape(()) * F.normalize(x_dst.to(compute), p=2.0, dim=-1)
+    key = _UnitRows.apply(x_src)
+    unit_dst = key if x_dst is x_src else _UnitRows.apply(x_dst)
+    query = beta.to(torch.float32).reshape(()) * unit_dst
     result = _run(
         "agnn_attention", DOT, graph,
         (x_src.unsqueeze(1), key.to(x_src.dtype).unsqueeze(1), query.to(x_src.dtype).unsqueeze(1), None, None, None, None),
