@@ -208,12 +208,13 @@ __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chu
 // the neighbour rows. Each step issues all of its edges' row loads before the
 // first use (no branch between them, or the compiler serialises them: one
 // full memory latency per edge), and other warps hide the rest. Each kernel
-// is compiled for 3 resident 256-thread blocks per SM (__launch_bounds__'s
-// second argument caps registers at 64K / (blocks * 256) = 80): forward with
-// 4 edges' rows in flight per step (at 64 registers the batch spilled
-// 140-356 bytes), backward with 2, since each edge brings two rows and the
-// row state (gradient sums) is larger. The 8-chunk scalar layout, used only
-// for odd or very wide heads, keeps 8x the state per lane and stays uncapped.
+// is compiled for at least 3 resident 256-thread blocks per SM
+// (__launch_bounds__'s second argument caps registers at 64K / (blocks * 256)
+// = 80): forward with 3-4 edges' rows in flight per step (at 64 registers the
+// batch spilled 140-356 bytes), backward with 2-3 (edges_per_step below),
+// since each edge brings two rows there and the row state (gradient sums) is
+// larger. The 8-chunk scalar layout, used only for odd or very wide heads,
+// keeps 8x the state per lane and stays uncapped.
 template <int VEC>
 constexpr int forward_blocks_per_sm() {
   return VEC == 4 ? 3 : 1;
@@ -225,12 +226,26 @@ constexpr int backward_blocks_per_sm() {
 }
 
 // Edges per step: all their loads are issued before any score is reduced.
-template <int VEC>
+// In the 4-wide layout, as many as fit in the 80 registers without spilling
+// (ptxas, sm_90, fp32 and bf16): Dot's target pass and GATv2's source pass
+// fit 3; Dot's forward keeps key and value rows, so 3 as well. GAT's backward
+// passes stay at 2: at 64 registers they keep 4 blocks per SM resident, and
+// 4 edges (72-80 registers) cost that block and 7% of GAT's fwd+bwd time
+// on rmat20 (H100).
+template <int KIND, int VEC>
 constexpr int forward_edges_per_step() {
-  return VEC == 4 ? 4 : 2;
+  return VEC != 4 ? 2 : KIND == kDot ? 3 : 4;
 }
 
-constexpr int kBackwardEdgesPerStep = 2;
+template <int KIND, int VEC>
+constexpr int target_edges_per_step() {
+  return VEC == 4 && KIND == kDot ? 3 : 2;
+}
+
+template <int KIND, int VEC>
+constexpr int source_edges_per_step() {
+  return VEC == 4 && KIND == kGatV2 ? 3 : 2;
+}
 
 // The original edge ids of one step's slots, shuffled from the lane that read
 // them only where a kernel needs one (edge features, dropout, per-edge
@@ -316,7 +331,7 @@ __device__ __forceinline__ int64_t warp_index() {
 // ------------------------------------------------------------------ forward
 template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<VEC>()) forward_kernel(const Params<scalar_t> p) {
-  constexpr int U = forward_edges_per_step<VEC>();
+  constexpr int U = forward_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
@@ -488,7 +503,7 @@ __global__ void sum_tiles_kernel(const RowSchedule s, int64_t width, const float
 // delta first, so the source-side pass writes them.
 template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<VEC>()) backward_target_kernel(const Params<scalar_t> p) {
-  constexpr int U = kBackwardEdgesPerStep;
+  constexpr int U = target_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
@@ -582,8 +597,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           for (int k = 0; k < K; ++k)
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
-              const float slope_term = att[k][v] * leaky_relu_grad(key[u][k][v], p.slope);
-              const float activation = leaky_relu(key[u][k][v], p.slope);
+              // the attention vector factors out of the x_dst sums: applied once per row
+              const float slope_term = leaky_relu_grad(key[u][k][v], p.slope);
+              const float activation = key[u][k][v] * slope_term;
               weighted[k][v] += r * slope_term;
               plain[k][v] += prob * slope_term;
               att_weighted[k][v] += r * activation;
@@ -603,12 +619,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         if (writer)
           p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_weighted - delta * scalar_plain);
       } else {
-        const float scale = KIND == kDot ? p.scale : 1.f;
         Chunks<VEC> result;
 #pragma unroll
         for (int k = 0; k < K; ++k)
 #pragma unroll
           for (int v = 0; v < VEC; ++v) {
+            const float scale = KIND == kDot ? p.scale : att[k][v];
             result[k][v] = scale * (weighted[k][v] - delta * plain[k][v]);
             att_grad[k][v] += att_weighted[k][v] - delta * att_plain[k][v];
           }
@@ -622,12 +638,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           p.part_scalar2[item.partial * geo.heads + lane.head] = scalar_plain;
         }
       } else {
-        store_row<VEC>(p.part_vec, item.partial, geo, lane, weighted);
-        store_row<VEC>(p.part_vec2, item.partial, geo, lane, plain);
         if constexpr (KIND == kGatV2) {
+#pragma unroll
+          for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+              weighted[k][v] *= att[k][v];
+              plain[k][v] *= att[k][v];
+            }
           store_row<VEC>(p.part_att, item.partial, geo, lane, att_weighted);
           store_row<VEC>(p.part_att2, item.partial, geo, lane, att_plain);
         }
+        store_row<VEC>(p.part_vec, item.partial, geo, lane, weighted);
+        store_row<VEC>(p.part_vec2, item.partial, geo, lane, plain);
       }
     }
   }, [&](int64_t row) {
@@ -681,7 +704,7 @@ __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int p
 // ----------------------------------------------------- backward, source side
 template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<VEC>()) backward_source_kernel(const Params<scalar_t> p) {
-  constexpr int U = kBackwardEdgesPerStep;
+  constexpr int U = source_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
