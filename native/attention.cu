@@ -7,7 +7,7 @@
 // only lse[t, h] = log(sum exp(score)) besides the output. Backward:
 //   - a CSR pass recomputes the scores of each target's in-edges and gives the
 //     target-side gradients (query, x_dst, alpha_dst), the attention-vector
-//     partials (one row per block, summed in a second step) and
+//     partials (one row per resident warp, summed in a second step) and
 //     delta[t, h] = <grad_out[t, h], out[t, h]>, summed from the recomputed terms;
 //   - a CSC pass (one row per source) recomputes them once more and gives the
 //     source-side gradients (key, value, x_src, alpha_src) and the per-edge ones.
