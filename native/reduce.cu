@@ -7,36 +7,46 @@
 // warp with 128-bit feature loads; a heavy row is cut into tiles whose
 // winners (value and position) a second pass merges. In a source-sorted row
 // "ties go to the smallest source" is "ties go to the earliest slot", so the
-// scan keeps a value only when it is strictly larger: one compare and two
-// selects per feature and edge, no source reads. NaN (which must win) is only
-// flagged on the way; a warp that saw one scans its item again with the full
-// order.
+// scan keeps a value only when it is strictly larger (or the first NaN, which
+// beats every number): no source reads, no tie branch. 16-bit features are
+// compared two at a time in packed registers (scan_slots_packed).
 //
 // Instead of a winner per (target, feature), the forward records per edge
 // which features it won: a bit mask [E, ceil(F / 32)] in CSR slot order,
 // built per light row in shared memory (no global atomics), written zero by
 // heavy rows' tiles and filled in by their merge pass.
 //
-// Backward: no atomics. Each source row of the CSC walks its out-edges, reads
-// each edge's bits for the lane's features and loads the output gradient only
-// where the edge won: about one read per (target, feature) in all, instead of
-// one winner read per edge and feature. Sums run in fp32 in slot order (heavy
-// sources per tile, merged in tile order), so the gradient is deterministic.
+// Backward: no atomics. Each source row of the CSC takes its out-edges 32 at a
+// time: one load of their masks (staged in shared memory), then gradient
+// loads for the edges that won anything, skipping the rest: about one read
+// per (target, feature) in all, instead of one winner read per edge and
+// feature. Sums run in fp32 in slot order (heavy sources per tile, merged in
+// tile order), so the gradient is deterministic.
 //
 // Both passes keep their warps resident and loop over the work items (grid
 // stride): on skewed degrees a block is not held by one long row.
 
 #include "common.cuh"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 namespace gnnio {
 namespace {
 
 // Edges whose loads a lane group issues before using any.
 constexpr int kForwardUnroll = 4;
-constexpr int kBackwardUnroll = 4;
+// In the backward, 16-bit rows of 128 features put two edges' groups in a
+// warp already; 2 keeps its registers under the budget below without spills
+// in the loop.
+template <typename scalar_t>
+constexpr int backward_unroll() {
+  return sizeof(scalar_t) == 4 ? 4 : 2;
+}
 // Blocks per SM the register budget is set for: 3 x 8 warps, at most 80
-// registers a thread (left alone, the compiler took 94-120, which leaves 16
-// warps per SM to hide the latency of the gathers).
+// registers a thread, no spills (left alone, the compiler took 94-120: 16
+// warps per SM). 4 blocks (64 registers) spill and measured slower on H100:
+// forward 3.05 vs 2.84 ms on rmat20, 1.73 vs 1.28 ms on grid1024.
 constexpr int kMinBlocksPerSm = 3;
 constexpr int32_t kNoWinner = -1;
 // Shared words per warp for building a light row's masks: 128 slots of 4
@@ -59,13 +69,26 @@ __device__ __forceinline__ bool beats(float value, int32_t position, float best,
   return position < best_position;
 }
 
+// The sources of the lane group's slots in one step of a 32-slot batch whose
+// indices the lanes hold one each (my_source): slot step + u * groups + group
+// for each u, -1 past the batch or for an inactive lane.
+__device__ __forceinline__ void step_sources(int64_t my_source, int step, int count, int groups, int group,
+                                             bool active, int64_t (&source)[kForwardUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kForwardUnroll; ++u) {
+    const int slot = step + u * groups + group;
+    source[u] = __shfl_sync(kFullMask, my_source, slot % kWarp);
+    if (slot >= count || !active) source[u] = -1;
+  }
+}
+
 // One lane group's winners over its share of the item's slots (slots group,
-// group + groups, ... of each step, in ascending order). EXACT = false: a slot
-// replaces the winner only when strictly larger (exact for numbers in a sorted
-// row); returns whether a NaN was seen, which this order cannot rank. EXACT =
-// true: the full order of beats().
-template <bool EXACT, typename scalar_t, int VEC>
-__device__ __forceinline__ bool scan_slots(const WorkItem& item, IndexView indices, const scalar_t* __restrict__ x,
+// group + groups, ... of each step, in ascending order). A slot replaces the
+// winner when strictly larger, or when it is NaN and the winner is not: in a
+// source-sorted row this is the full order of beats() for a lane's slots,
+// which come in ascending order.
+template <typename scalar_t, int VEC>
+__device__ __forceinline__ void scan_slots(const WorkItem& item, IndexView indices, const scalar_t* __restrict__ x,
                                            int64_t width, int64_t column, bool active, float sign, int group,
                                            int groups, float (&best)[VEC], int32_t (&best_position)[VEC]) {
   const int lane = threadIdx.x % kWarp;
@@ -74,19 +97,13 @@ __device__ __forceinline__ bool scan_slots(const WorkItem& item, IndexView indic
     best[v] = -INFINITY;
     best_position[v] = kNoWinner;
   }
-  bool saw_nan = false;
   for (int64_t base = item.begin; base < item.end; base += kWarp) {
     const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
     const int64_t my_source = lane < count ? indices[base + lane] : 0;
     const int32_t base_position = static_cast<int32_t>(base - item.row_begin);
     for (int step = 0; step < count; step += groups * kForwardUnroll) {
       int64_t source[kForwardUnroll];
-#pragma unroll
-      for (int u = 0; u < kForwardUnroll; ++u) {
-        const int slot = step + u * groups + group;
-        source[u] = __shfl_sync(kFullMask, my_source, slot % kWarp);
-        if (slot >= count || !active) source[u] = -1;
-      }
+      step_sources(my_source, step, count, groups, group, active, source);
       Vec<scalar_t, VEC> row[kForwardUnroll];
 #pragma unroll
       for (int u = 0; u < kForwardUnroll; ++u) {
@@ -99,31 +116,125 @@ __device__ __forceinline__ bool scan_slots(const WorkItem& item, IndexView indic
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const float value = sign * static_cast<float>(row[u].v[v]);
-          bool take;
-          if constexpr (EXACT) {
-            take = beats(value, position, best[v], best_position[v]);
-          } else {
-            saw_nan |= isnan(value);
-            take = value > best[v];
-          }
+          // Bitwise, not short-circuit: predicates, no branch per feature.
+          const bool take = (value > best[v]) | (isnan(value) & !isnan(best[v]));
           best[v] = take ? value : best[v];
           best_position[v] = take ? position : best_position[v];
         }
       }
     }
   }
-  if constexpr (!EXACT) {
-    // Only -inf (or nothing) met: the strict compare kept no slot; the
-    // group's first slot is the earliest of its equal values.
-    const int64_t first = item.begin + group;
+  // Only -inf (or nothing) met: no slot was kept; the group's first slot is
+  // the earliest of its equal values.
+  const int64_t first = item.begin + group;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      if (best_position[v] == kNoWinner && first < item.end) {
-        best_position[v] = static_cast<int32_t>(first - item.row_begin);
+  for (int v = 0; v < VEC; ++v) {
+    if (best_position[v] == kNoWinner && first < item.end) {
+      best_position[v] = static_cast<int32_t>(first - item.row_begin);
+    }
+  }
+}
+
+// The 16-bit scan of 8 features per lane on pairs of features: the running
+// maxima stay packed (4 registers, not 8 fp32) and each pair takes one
+// NaN-propagating max, one compare of the result with the old maximum (a
+// change means a strictly larger value or the first NaN, as scan_slots) and
+// one select of packed 16-bit positions, counted from the item's first slot.
+// -0 is made +0 first, so it ties with +0 as in the float order. Needs every
+// item shorter than 65,535 slots (0xffff marks "no winner").
+constexpr int kPackedPositionLimit = 0xffff;
+
+// The packed pair type of each 16-bit feature dtype, and -inf in both halves.
+template <typename scalar_t>
+struct PackedPair;
+
+template <>
+struct PackedPair<at::Half> {
+  using type = __half2;
+  static constexpr uint32_t kMinusInfinity = 0xfc00fc00u;
+};
+
+template <>
+struct PackedPair<at::BFloat16> {
+  using type = __nv_bfloat162;
+  static constexpr uint32_t kMinusInfinity = 0xff80ff80u;
+};
+
+// Pair arithmetic on the raw 32 bits of two 16-bit features.
+template <typename scalar_t>
+struct PairMath {
+  using Pair = typename PackedPair<scalar_t>::type;
+  static constexpr uint32_t kMinusInfinityPair = PackedPair<scalar_t>::kMinusInfinity;
+
+  __device__ __forceinline__ static uint32_t max_nan(uint32_t a, uint32_t b) {
+    return bits(__hmax2_nan(pair(a), pair(b)));
+  }
+  __device__ __forceinline__ static uint32_t plus_zero(uint32_t a) { return bits(__hadd2(pair(a), pair(0u))); }
+  __device__ __forceinline__ static float low(uint32_t a) { return __low2float(pair(a)); }
+  __device__ __forceinline__ static float high(uint32_t a) { return __high2float(pair(a)); }
+
+ private:
+  __device__ __forceinline__ static Pair pair(uint32_t a) { return *reinterpret_cast<const Pair*>(&a); }
+  __device__ __forceinline__ static uint32_t bits(Pair a) { return *reinterpret_cast<const uint32_t*>(&a); }
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexView indices,
+                                                  const scalar_t* __restrict__ x, int64_t width, int64_t column,
+                                                  bool active, float sign, int group, int groups, float (&best)[8],
+                                                  int32_t (&best_position)[8]) {
+  using Math = PairMath<scalar_t>;
+  const int lane = threadIdx.x % kWarp;
+  // Negating both halves (min) flips their sign bits.
+  const uint32_t flip = sign < 0.f ? 0x80008000u : 0u;
+  uint32_t best_pair[4];
+  uint32_t position_pair[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    best_pair[p] = Math::kMinusInfinityPair;
+    position_pair[p] = 0xffffffffu;
+  }
+  for (int64_t base = item.begin; base < item.end; base += kWarp) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
+    const int64_t my_source = lane < count ? indices[base + lane] : 0;
+    const uint32_t base_position = static_cast<uint32_t>(base - item.begin);
+    for (int step = 0; step < count; step += groups * kForwardUnroll) {
+      int64_t source[kForwardUnroll];
+      step_sources(my_source, step, count, groups, group, active, source);
+      Vec<uint32_t, 4> row[kForwardUnroll];
+#pragma unroll
+      for (int u = 0; u < kForwardUnroll; ++u) {
+        if (source[u] >= 0) {
+          row[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(x + source[u] * width + column));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kForwardUnroll; ++u) {
+        if (source[u] < 0) continue;
+        const uint32_t position = (base_position + step + u * groups + group) * 0x00010001u;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const uint32_t value = Math::plus_zero(row[u].v[p] ^ flip);
+          const uint32_t merged = Math::max_nan(best_pair[p], value);
+          const uint32_t changed = __vcmpne2(merged, best_pair[p]);
+          position_pair[p] = (position & changed) | (position_pair[p] & ~changed);
+          best_pair[p] = merged;
+        }
       }
     }
   }
-  return saw_nan;
+  const int64_t item_offset = item.begin - item.row_begin;
+  const int64_t first = item.begin + group;
+#pragma unroll
+  for (int v = 0; v < 8; ++v) {
+    const uint32_t packed = best_pair[v / 2];
+    best[v] = v % 2 == 0 ? Math::low(packed) : Math::high(packed);
+    const uint32_t position = (position_pair[v / 2] >> (16 * (v % 2))) & 0xffffu;
+    // Only -inf (or nothing) met: the group's first slot, as scan_slots.
+    best_position[v] = position != 0xffffu ? static_cast<int32_t>(item_offset + position)
+                       : first < item.end  ? static_cast<int32_t>(first - item.row_begin)
+                                           : kNoWinner;
+  }
 }
 
 // The masks of one pass (features [pass_column, pass_column + 32 * pass_words))
@@ -181,10 +292,10 @@ __device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView in
     const int64_t column = chunk * VEC;
     float best[VEC];
     int32_t best_position[VEC];
-    const bool saw_nan =
-        scan_slots<false>(item, indices, x, width, column, active, sign, group, groups, best, best_position);
-    if (__any_sync(kFullMask, saw_nan)) {
-      scan_slots<true>(item, indices, x, width, column, active, sign, group, groups, best, best_position);
+    if constexpr (sizeof(scalar_t) == 2 && VEC == 8) {
+      scan_slots_packed<scalar_t>(item, indices, x, width, column, active, sign, group, groups, best, best_position);
+    } else {
+      scan_slots<scalar_t, VEC>(item, indices, x, width, column, active, sign, group, groups, best, best_position);
     }
     for (int offset = lanes; offset < kWarp; offset <<= 1) {
 #pragma unroll
@@ -294,12 +405,16 @@ __global__ void merge_extremum_kernel(RowSchedule schedule, const float* __restr
 }
 
 // ------------------------------------------------------------------ backward
+// Mask words of one pass held per edge of a 32-edge batch: at most 8 (256
+// features of 16 bits in one pass).
+constexpr int kMaxPassWords = 8;
+
 template <typename scalar_t, int VEC>
 __device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexView targets, IndexView mask_slots,
                                                    const scalar_t* __restrict__ grad_out,
                                                    const uint32_t* __restrict__ masks, int64_t mask_words,
-                                                   int64_t width, scalar_t* __restrict__ grad_x,
-                                                   float* __restrict__ partials) {
+                                                   int64_t width, uint32_t* __restrict__ staged,
+                                                   scalar_t* __restrict__ grad_x, float* __restrict__ partials) {
   const int lane = threadIdx.x % kWarp;
   const int64_t chunks = width / VEC;
   const int lanes = lanes_per_edge(chunks);
@@ -307,13 +422,17 @@ __device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexVi
   const int group = lane / lanes;
   const int group_lane = lane % lanes;
   constexpr uint32_t kLaneBits = (1u << VEC) - 1u;
+  constexpr int kUnroll = backward_unroll<scalar_t>();
 
   for (int64_t first_chunk = 0; first_chunk < chunks; first_chunk += lanes) {
     const int64_t chunk = first_chunk + group_lane;
     const bool active = chunk < chunks;
     const int64_t column = chunk * VEC;
+    const int64_t pass_column = first_chunk * VEC;
+    const int pass_words = static_cast<int>((min(width - pass_column, static_cast<int64_t>(lanes * VEC)) + 31) / 32);
+    const int64_t first_word = pass_column / 32;
     // The lane's VEC features lie in one mask word (VEC divides 32 and column).
-    const int64_t word = column / 32;
+    const int word = static_cast<int>((column - pass_column) / 32);
     const int shift = static_cast<int>(column % 32);
     float acc[VEC];
 #pragma unroll
@@ -321,27 +440,52 @@ __device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexVi
 
     for (int64_t base = item.begin; base < item.end; base += kWarp) {
       const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
-      const int64_t my_target = lane < count ? targets[base + lane] : 0;
-      const int64_t my_mask_slot = lane < count ? mask_slots[base + lane] : 0;
-      for (int step = 0; step < count; step += groups * kBackwardUnroll) {
-        int64_t target[kBackwardUnroll];
-        uint32_t won[kBackwardUnroll];
+      const bool own_slot = lane < count;
+      const int64_t my_target = own_slot ? targets[base + lane] : 0;
+      const int64_t my_mask_slot = own_slot ? mask_slots[base + lane] : 0;
+      // Each lane stages its own edge's words of this pass (independent loads,
+      // one latency for the batch); staged[w * 32 + slot] keeps the writes
+      // free of bank conflicts.
+      bool won_any = false;
 #pragma unroll
-        for (int u = 0; u < kBackwardUnroll; ++u) {
-          const int slot = step + u * groups + group;
-          target[u] = __shfl_sync(kFullMask, my_target, slot % kWarp);
-          const int64_t mask_slot = __shfl_sync(kFullMask, my_mask_slot, slot % kWarp);
-          won[u] = slot < count && active ? (masks[mask_slot * mask_words + word] >> shift) & kLaneBits : 0u;
+      for (int w = 0; w < kMaxPassWords; ++w) {
+        if (w < pass_words) {
+          const uint32_t bits = own_slot ? masks[my_mask_slot * mask_words + first_word + w] : 0u;
+          staged[w * kWarp + lane] = bits;
+          won_any |= bits != 0u;
+        }
+      }
+      __syncwarp();
+      // Edges that won nothing in this pass (most edges into a hub) cost no
+      // gradient load: the warp walks only the set bits, groups * unroll a step.
+      unsigned pending = __ballot_sync(kFullMask, won_any);
+      while (pending != 0u) {
+        int slot[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          slot[u] = -1;
+          for (int g = 0; g < groups; ++g) {
+            const int next = pending != 0u ? __ffs(pending) - 1 : -1;
+            pending &= pending - 1u;
+            if (g == group) slot[u] = next;
+          }
+        }
+        int64_t target[kUnroll];
+        uint32_t won[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          target[u] = __shfl_sync(kFullMask, my_target, slot[u] & (kWarp - 1));
+          won[u] = slot[u] >= 0 && active ? (staged[word * kWarp + slot[u]] >> shift) & kLaneBits : 0u;
         }
         // The step's gradient loads are all issued before any is used, so
         // their latencies overlap; a lane loads only where its edge won.
-        Vec<scalar_t, VEC> grad[kBackwardUnroll];
+        Vec<scalar_t, VEC> grad[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kBackwardUnroll; ++u) {
+        for (int u = 0; u < kUnroll; ++u) {
           if (won[u] != 0u) grad[u] = load_vec<scalar_t, VEC>(grad_out + target[u] * width + column);
         }
 #pragma unroll
-        for (int u = 0; u < kBackwardUnroll; ++u) {
+        for (int u = 0; u < kUnroll; ++u) {
           if (won[u] == 0u) continue;
 #pragma unroll
           for (int v = 0; v < VEC; ++v) {
@@ -349,6 +493,7 @@ __device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexVi
           }
         }
       }
+      __syncwarp();
     }
     for (int offset = lanes; offset < kWarp; offset <<= 1) {
 #pragma unroll
@@ -373,6 +518,8 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
                                      const scalar_t* __restrict__ grad_out, const uint32_t* __restrict__ masks,
                                      int64_t mask_words, int64_t width, bool vectorised,
                                      scalar_t* __restrict__ grad_x, float* __restrict__ partials) {
+  __shared__ uint32_t staging[kWarpsPerBlock][kMaxPassWords * kWarp];
+  uint32_t* staged = staging[threadIdx.x / kWarp];
   const int64_t items = first_pass_items(schedule);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
@@ -381,9 +528,9 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
     if (!work_item(schedule, warp, item)) continue;
     if (vectorised) {
       extremum_grad_item<scalar_t, vec_width<scalar_t>()>(item, targets, mask_slots, grad_out, masks, mask_words,
-                                                          width, grad_x, partials);
+                                                          width, staged, grad_x, partials);
     } else {
-      extremum_grad_item<scalar_t, 1>(item, targets, mask_slots, grad_out, masks, mask_words, width, grad_x,
+      extremum_grad_item<scalar_t, 1>(item, targets, mask_slots, grad_out, masks, mask_words, width, staged, grad_x,
                                       partials);
     }
   }
@@ -419,8 +566,10 @@ std::tuple<at::Tensor, at::Tensor> segment_extremum_masked(const at::Tensor& ind
   uint32_t* mask_data = reinterpret_cast<uint32_t*>(masks.data_ptr<int32_t>());
   auto stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
+    // The packed 16-bit scan counts positions in 16 bits; longer items take the scalar path.
     const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
-                            rows_vectorisable(out, width, vec_width<scalar_t>());
+                            rows_vectorisable(out, width, vec_width<scalar_t>()) &&
+                            (sizeof(scalar_t) == 4 || tile_edges < kPackedPositionLimit);
     const int64_t blocks = resident_first_pass_blocks(segment_extremum_kernel<scalar_t>, schedule);
     segment_extremum_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
         schedule, index_view(indices), x.data_ptr<scalar_t>(), width, vectorised, sign, out.data_ptr<scalar_t>(),

@@ -97,14 +97,36 @@ def test_ties_go_to_the_smallest_source(graph_name, reduce):
     assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[torch.float32]
 
 
-def test_nan_wins_as_in_torch():
-    graph = graph_named("small")
-    x = randn(graph.num_src_nodes, 8, device="cuda", generator=torch.Generator().manual_seed(23))
+@pytest.mark.parametrize("width", (8, 128))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_nan_wins_as_in_torch(width, dtype, reduce):
+    """NaN beats every number (scalar, fp32 and packed 16-bit scans), also after a row's first NaN."""
+    graph = graph_named("hub")
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(23))
     x[5, 3] = float("nan")
+    x[7, 3] = float("nan")
     with dispatch.use_backend("native"):
-        out = aggregate(graph, x, "max")
-    targets = graph.to("cpu").edge_index()[1][graph.to("cpu").edge_index()[0] == 5].unique()
+        out = aggregate(graph, x, reduce)
+    src, dst = graph.to("cpu").edge_index()
+    targets = dst[(src == 5) | (src == 7)].unique()
     assert targets.numel() > 0 and torch.isnan(out[targets.cuda(), 3]).all()
+    others = torch.ones(graph.num_dst_nodes, dtype=torch.bool)
+    others[targets] = False
+    assert not torch.isnan(out[others.cuda()]).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_signed_zeros_tie(dtype, reduce):
+    """-0 and +0 are equal values: the smallest source wins whichever sign it holds."""
+    graph = graph_named("hub")
+    gen = torch.Generator().manual_seed(37)
+    signs = torch.randint(0, 2, (graph.num_src_nodes, 128), generator=gen).float() * 2 - 1
+    x = (signs * 0.0).to(device="cuda", dtype=dtype)
+    (out, grad), (oracle, oracle_grad), _ = native_and_oracle(graph, x, reduce, seed=38)
+    assert torch.equal(out.double(), oracle.detach())
+    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
@@ -221,13 +243,16 @@ def test_rows_already_sorted_use_the_graph_indices(reduce):
     assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("width", (36, 128))
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduce", ["max", "min"])
-def test_rows_of_infinities_pick_their_smallest_source(reduce):
+def test_rows_of_infinities_pick_their_smallest_source(width, dtype, reduce):
     """Every value -inf (max) or +inf (min): the strict compare keeps no slot, and the first one must win."""
     graph = graph_named("hub")
     fill = float("-inf") if reduce == "max" else float("inf")
-    x = torch.full((graph.num_src_nodes, 36), fill, device="cuda")
-    x[::7] = randn(len(range(0, graph.num_src_nodes, 7)), 36, device="cuda", generator=torch.Generator().manual_seed(35))
+    x = torch.full((graph.num_src_nodes, width), fill, device="cuda", dtype=dtype)
+    some = range(0, graph.num_src_nodes, 7)
+    x[::7] = randn(len(some), width, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(35))
     (out, grad), (oracle, oracle_grad), _ = native_and_oracle(graph, x, reduce, seed=36)
     assert torch.equal(out.double(), oracle.detach())
-    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[torch.float32]
+    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
