@@ -74,6 +74,8 @@ def test_missing_nvcc_is_reported(monkeypatch):
 def test_missing_arch_list_is_reported(monkeypatch):
     monkeypatch.delenv("GNNIO_NATIVE", raising=False)
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    # No GPU to read the capability from: on a GPU machine the arch would come from the device and load() would build.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(native, "_nvcc_path", lambda: "/usr/bin/nvcc")
     monkeypatch.setattr(native, "ninja_version", lambda: "1.13.0")
