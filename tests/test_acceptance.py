@@ -30,3 +30,12 @@ def test_every_suite_runs_and_writes_verdicts(tmp_path):
     assert dropin["passed"], dropin
     for name in ("spmm_grid6_fp32.json", "attention_grid6_bf16.json", "dropin_grid6.json", "study_grid6.json"):
         assert (tmp_path / name).exists(), name
+
+
+def test_spmm_yardstick_ignores_one_slow_sample():
+    def row(spmm_ms):
+        return {"runs": [{"label": "gnnio", "forward_ms": {"median_ms": 3.0}},
+                         {"label": "cusparse", "forward_ms": {"median_ms": spmm_ms}}]}
+
+    result = {"results": [row(1.9), row(2.46), row(1.95), row(1.89)]}
+    assert acceptance.spmm_yardstick_ms(result) == pytest.approx(1.925)
