@@ -299,15 +299,10 @@ __device__ __forceinline__ void for_each_item(const Params<scalar_t>& p, int lan
   const int64_t rows_end = s.num_tiles + p.num_busy_rows;
   const int64_t items = rows_end + (p.num_empty_rows + kWarp - 1) / kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t index = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); index < items;
-       index += warps) {
+  for (int64_t index = warp_index(); index < items; index += warps) {
     WorkItem item;
     if (index < s.num_tiles) {
-      item.row = s.tile_row[index];
-      item.row_begin = s.indptr[item.row];
-      item.begin = s.tile_start[index];
-      item.end = min(item.begin + s.tile_edges, s.indptr[item.row + 1]);
-      item.partial = index;
+      tile_item(s, index, item);
       row(item);
     } else if (index < rows_end) {
       item.row = p.row_order[index - s.num_tiles];
@@ -322,10 +317,6 @@ __device__ __forceinline__ void for_each_item(const Params<scalar_t>& p, int lan
       for (int j = 0; j < count; ++j) empty(static_cast<int64_t>(__shfl_sync(kFullMask, mine, j)));
     }
   }
-}
-
-__device__ __forceinline__ int64_t warp_index() {
-  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
 }
 
 // ------------------------------------------------------------------ forward

@@ -151,13 +151,17 @@ struct WorkItem {
 
 // Warps [0, T) take the tiles (long, so they start first), warps [T, T + N)
 // the rows; a heavy row's own warp returns false at once.
+__device__ __forceinline__ void tile_item(const RowSchedule& s, int64_t tile, WorkItem& item) {
+  item.row = s.tile_row[tile];
+  item.row_begin = s.indptr[item.row];
+  item.begin = s.tile_start[tile];
+  item.end = min(item.begin + s.tile_edges, s.indptr[item.row + 1]);
+  item.partial = tile;
+}
+
 __device__ __forceinline__ bool work_item(const RowSchedule& s, int64_t warp, WorkItem& item) {
   if (warp < s.num_tiles) {
-    item.row = s.tile_row[warp];
-    item.row_begin = s.indptr[item.row];
-    item.begin = s.tile_start[warp];
-    item.end = min(item.begin + s.tile_edges, s.indptr[item.row + 1]);
-    item.partial = warp;
+    tile_item(s, warp, item);
     return true;
   }
   item.row = warp - s.num_tiles;
@@ -176,6 +180,23 @@ inline int64_t first_pass_blocks(const RowSchedule& s) {
 
 // Work items of a first pass: the tiles, then the rows.
 __host__ __device__ __forceinline__ int64_t first_pass_items(const RowSchedule& s) { return s.num_tiles + s.num_rows; }
+
+// This warp's index in the grid.
+__device__ __forceinline__ int64_t warp_index() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+}
+
+// A first pass's loop: each warp calls body(item) for its work items, taken
+// with a grid stride (see resident_first_pass_blocks), skipping heavy rows.
+template <typename Body>
+__device__ __forceinline__ void for_each_work_item(const RowSchedule& s, Body&& body) {
+  const int64_t items = first_pass_items(s);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t warp = warp_index(); warp < items; warp += warps) {
+    WorkItem item;
+    if (work_item(s, warp, item)) body(item);
+  }
+}
 
 // Blocks for a first pass whose warps loop over work items with a grid
 // stride (item = warp, warp + all warps, ...): as many blocks as stay

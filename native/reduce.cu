@@ -350,12 +350,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
                             int32_t* __restrict__ partial_positions) {
   __shared__ uint32_t windows[kWarpsPerBlock][kMaskWindowWords];
   uint32_t* window = windows[threadIdx.x / kWarp];
-  const int64_t items = first_pass_items(schedule);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
-       warp += warps) {
-    WorkItem item;
-    if (!work_item(schedule, warp, item)) continue;
+  for_each_work_item(schedule, [&](const WorkItem& item) {
     if (vectorised) {
       extremum_item<scalar_t, vec_width<scalar_t>()>(item, indices, x, width, sign, out, masks, mask_words, window,
                                                      partial_values, partial_positions);
@@ -363,7 +358,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
       extremum_item<scalar_t, 1>(item, indices, x, width, sign, out, masks, mask_words, window, partial_values,
                                  partial_positions);
     }
-  }
+  });
 }
 
 // Second pass: one block per heavy row merges its tiles' winners. Each warp
@@ -520,12 +515,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
                                      scalar_t* __restrict__ grad_x, float* __restrict__ partials) {
   __shared__ uint32_t staging[kWarpsPerBlock][kMaxPassWords * kWarp];
   uint32_t* staged = staging[threadIdx.x / kWarp];
-  const int64_t items = first_pass_items(schedule);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
-       warp += warps) {
-    WorkItem item;
-    if (!work_item(schedule, warp, item)) continue;
+  for_each_work_item(schedule, [&](const WorkItem& item) {
     if (vectorised) {
       extremum_grad_item<scalar_t, vec_width<scalar_t>()>(item, targets, mask_slots, grad_out, masks, mask_words,
                                                           width, staged, grad_x, partials);
@@ -533,7 +523,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
       extremum_grad_item<scalar_t, 1>(item, targets, mask_slots, grad_out, masks, mask_words, width, staged, grad_x,
                                       partials);
     }
-  }
+  });
 }
 
 int64_t mask_words_for(int64_t width) { return (width + 31) / 32; }

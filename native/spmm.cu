@@ -104,18 +104,13 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     segment_sum_kernel(RowSchedule schedule, IndexView indices, const float* __restrict__ values,
                        const scalar_t* __restrict__ x, int64_t width, bool vectorised, scalar_t* __restrict__ out,
                        float* __restrict__ partials) {
-  const int64_t items = first_pass_items(schedule);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; warp < items;
-       warp += warps) {
-    WorkItem item;
-    if (!work_item(schedule, warp, item)) continue;
+  for_each_work_item(schedule, [&](const WorkItem& item) {
     if (vectorised) {
       sum_slots<scalar_t, vec_width<scalar_t>()>(item, indices, values, x, width, out, partials);
     } else {
       sum_slots<scalar_t, 1>(item, indices, values, x, width, out, partials);
     }
-  }
+  });
 }
 
 }  // namespace
