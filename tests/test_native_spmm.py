@@ -89,8 +89,13 @@ def run_both(fn, x: torch.Tensor, grad_out_seed: int):
 @pytest.mark.parametrize("reduce, weighted", [("sum", False), ("mean", True)])
 def test_spmm_matches_reference(monkeypatch, kernel, graph_name, width, dtype, reduce, weighted):
     monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
-    graph = graph_named(graph_name)
-    gen = torch.Generator().manual_seed(width)
+    ran = check_spmm(graph_named(graph_name), width, dtype, reduce, weighted, seed=width)
+    assert ran["spmm"] == (kernel if dtype == torch.float32 else "csr-vec")  # 16-bit never goes to cuSPARSE
+
+
+def check_spmm(graph, width, dtype, reduce, weighted, seed) -> dict:
+    """spmm on random features (and edge weights) against the fp64 oracle and torch; returns the kernels that ran."""
+    gen = torch.Generator().manual_seed(seed)
     x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
     weight = randn(graph.num_edges, device="cuda", generator=gen) if weighted else None
 
@@ -98,11 +103,11 @@ def test_spmm_matches_reference(monkeypatch, kernel, graph_name, width, dtype, r
         w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
         return spmm(graph, features, w, reduce)
 
-    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 1)
-    assert ran["spmm"] == (kernel if dtype == torch.float32 else "csr-vec")  # 16-bit never goes to cuSPARSE
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=seed + 1)
     assert out.dtype == dtype and out.shape == (graph.num_dst_nodes, width)
     check(out, oracle, torch_out)
     check(grad, oracle_grad, torch_grad)
+    return ran
 
 
 @pytest.mark.parametrize("width", (32, 128))
@@ -111,19 +116,8 @@ def test_spmm_matches_reference(monkeypatch, kernel, graph_name, width, dtype, r
 def test_warps_looping_over_many_rows_match_reference(monkeypatch, width, dtype, reduce, weighted):
     """Work items outnumber the resident warps, so every warp of the grid-stride loop takes several rows and tiles."""
     monkeypatch.setenv("GNNIO_SPMM_KERNEL", "csr-vec")
-    graph = graph_named("many-rows")
-    gen = torch.Generator().manual_seed(40 + width)
-    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
-    weight = randn(graph.num_edges, device="cuda", generator=gen) if weighted else None
-
-    def fn(features):
-        w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
-        return spmm(graph, features, w, reduce)
-
-    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 2)
+    ran = check_spmm(graph_named("many-rows"), width, dtype, reduce, weighted, seed=40 + width)
     assert ran["spmm"] == "csr-vec"
-    check(out, oracle, torch_out)
-    check(grad, oracle_grad, torch_grad)
 
 
 @pytest.mark.parametrize("graph_name", ["small", "hub"])
