@@ -53,6 +53,22 @@ def test_run_table_and_no_backward(small_graph_file):
     assert "Timing and peak memory" in result.output and "reference" in result.output
 
 
+@pytest.mark.parametrize("backward", [True, False])
+def test_run_profile_lists_the_costliest_operators(small_graph_file, backward):
+    args = ["run", "--layer", "gatv2", "--graph", small_graph_file, "--features", "8", "--heads", "2",
+            "--device", "cpu", "--repeat", "1", "--profile", "--json"]
+    result = invoke(*args, *([] if backward else ["--no-backward"]))
+    assert result.exit_code == 0, result.output
+    profiled = json.loads(result.output)["profile"]
+    assert profiled["step"] == ("forward+backward" if backward else "forward")
+    names = [entry["name"] for entry in profiled["entries"]]
+    assert any("mm" in name for name in names)  # a GATv2 layer projects with matmuls
+    assert sum(entry["share"] for entry in profiled["entries"]) == pytest.approx(1.0)
+    assert sum(entry["total_ms"] for entry in profiled["entries"]) == pytest.approx(profiled["device_total_ms"])
+    step = "forward+backward" if backward else "forward"
+    assert f"Where one {step} step's time goes" in invoke(*args[:-1], *([] if backward else ["--no-backward"])).output
+
+
 def test_compare_reference_json(small_graph_file):
     result = invoke("compare", "--layer", "sage-max,gatv2", "--graph", small_graph_file, "--features", "8",
                     "--heads", "2", "--device", "cpu", "--against", "reference", "--repeat", "2", "--json")

@@ -19,6 +19,7 @@ from gnnio_cli.bench.timing import copy_bandwidth_gbs
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import catalog
 from gnnio_cli.graph.locality import CacheModel
+from gnnio_cli.ops import dispatch
 
 MIB = float(1 << 20)
 TIMING_COLUMNS = ["phase", "median ms", "min ms", "max ms", "peak MiB"]
@@ -71,8 +72,14 @@ def measurement_dict(m: Measurement, label: Optional[str] = None) -> dict:
     return out
 
 
-def run_layer(*, layer, graph_spec, features, heads, dtype, device, backend, aggregation_only, backward, repeat, warmup, seed) -> dict:
-    """Build and measure one layer (or its aggregation alone); returns the `--json` document."""
+def run_layer(*, layer, graph_spec, features, heads, dtype, device, backend, aggregation_only, backward, repeat, warmup, seed,
+              profile: bool = False) -> dict:
+    """Build and measure one layer (or its aggregation alone); returns the `--json` document.
+
+    With `profile`, one more step (forward+backward, or forward alone without
+    `backward`) runs under torch.profiler and the document gains "profile":
+    its costliest kernels (see kernel_profile.profile_call).
+    """
     device_name = default_device(device)
     settings = workloads.Settings(layer=layer, features=features, heads=heads, dtype=dtype, device=device_name, seed=seed)
     torch_device = workloads.check_device(device_name)
@@ -88,7 +95,7 @@ def run_layer(*, layer, graph_spec, features, heads, dtype, device, backend, agg
     bandwidth = copy_bandwidth_gbs(torch_device)
     result = measure(workload, torch_device, backend=backend, backward=backward, warmup=warmup, repeat=repeat,
                      bandwidth_gbs=bandwidth)
-    return {
+    document = {
         "command": "run",
         "layer": layer,
         "scope": "aggregation" if aggregation_only else "layer",
@@ -99,6 +106,23 @@ def run_layer(*, layer, graph_spec, features, heads, dtype, device, backend, agg
         "backend_requested": backend,
         "measurement": measurement_dict(result),
     }
+    if profile:
+        document["profile"] = _profile_step(workload, torch_device, backend=backend, backward=backward)
+    return document
+
+
+def _profile_step(workload: workloads.Workload, device: torch.device, *, backend: str, backward: bool) -> dict:
+    """The costliest kernels of one training step (or one forward pass), on the backend that was measured."""
+    from gnnio_cli.bench.kernel_profile import profile_call
+
+    with dispatch.use_backend(backend):
+        if backward:
+            profiled = profile_call(workload.train_step, device)
+        else:
+            with torch.no_grad():
+                profiled = profile_call(workload.forward, device)
+    profiled["step"] = "forward+backward" if backward else "forward"
+    return profiled
 
 
 def summary_pairs(result: dict) -> list[tuple[str, object]]:
