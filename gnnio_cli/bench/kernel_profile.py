@@ -8,6 +8,7 @@ aggregation would and would not buy.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -42,7 +43,9 @@ def profile_call(fn: Callable[[], object], device: torch.device, *, top: int = 1
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     if on_cuda:
         torch.cuda.synchronize(device)
-    with profile(activities=activities) as prof:
+    # acc_events keeps this one-cycle profile's events without torch's warning that they are cleared per cycle
+    options = {"acc_events": True} if "acc_events" in inspect.signature(profile.__init__).parameters else {}
+    with profile(activities=activities, **options) as prof:
         fn()
         if on_cuda:
             torch.cuda.synchronize(device)
