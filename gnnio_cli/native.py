@@ -467,8 +467,19 @@ def _register_fakes() -> None:
     def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges):
         return x.new_empty((num_rows, x.shape[1]))
 
+    @torch.library.register_fake("gnnio::segment_sum_subwarp")
+    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          row_order):
+        return x.new_empty((num_rows, x.shape[1]))
+
     @torch.library.register_fake("gnnio::segment_extremum_masked")
     def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges):
+        return x.new_empty((num_rows, x.shape[1])), x.new_empty((indices.shape[0], (x.shape[1] + 31) // 32),
+                                                                dtype=torch.int32)
+
+    @torch.library.register_fake("gnnio::segment_extremum_masked_subwarp")
+    def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          row_order):
         return x.new_empty((num_rows, x.shape[1])), x.new_empty((indices.shape[0], (x.shape[1] + 31) // 32),
                                                                 dtype=torch.int32)
 

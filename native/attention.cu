@@ -15,6 +15,24 @@
 //   d score = p * (dp - delta),  d message = w * g_t.
 // Both passes are gathers, never scatters: no atomics, deterministic results.
 //
+// AGNN (kind Cosine), per head, with n_s = |x_s|, m_s = max(n_s, eps),
+// a_s = [n_s >= eps], u_s = x_s / m_s (F.normalize, eps = 1e-12):
+//   c_e = <x_t, x_s> / m_s / m_t (= <u_t, u_s>),  score_e = beta * c_e,  out_t = sum_e p_e x_s.
+// The kernels read the rows x themselves (exact in every dtype: a unit row
+// rounded to 16 bits costs the beta gradient of a 16-bit layer several
+// times PyTorch's own error) and fp32 norms: per edge one gathered row and
+// one scalar give both the score and the message. With dp_e = drop_e * <g_t, x_s>
+// and d score_e = p_e * (dp_e - delta_t) as above:
+//   d beta       = sum_e d score_e * c_e                  (target pass, per-warp partials)
+//   A_t = d u_t  = beta * sum_{e into t} d score_e * u_s  (target pass)
+//   B_s = d u_s  = beta * sum_{e out of s} d score_e * u_t (source pass, through the scores)
+//   V_s          = sum_{e out of s} p_e * drop_e * g_t     (source pass, through the messages)
+// The message is x_s itself, so its gradient V reaches x_src as is; the
+// cosine reaches x through u = x / m, d x = (d u - a <d u, u> u) / m. So
+//   d x_src = V + (G - a <G, u> u) / m  with G = B (+ A when x_dst is x_src),
+//   d x_dst = (A - a <A, u_dst> u_dst) / m_dst  otherwise;
+// attention_unit_rows_backward does this in one pass per row, u = x / m computed there.
+//
 // Rows longer than the schedule's tile are cut into tiles of one warp each
 // (common.cuh's RowSchedule); forward tiles keep (max, sum, accumulator)
 // partial softmax states merged by a second kernel, backward tiles keep
@@ -43,9 +61,12 @@ struct Params {
   int64_t num_busy_rows;
   int64_t num_empty_rows;
 
-  const scalar_t* msg_src;     // [Ns, H, C] x_src (GAT, GATv2) or value (Dot)
+  const scalar_t* msg_src;     // [Ns, H, C] x_src (GAT, GATv2, Cosine) or value (Dot)
   const scalar_t* key_src;     // [Ns, H, C] key (Dot)
-  const scalar_t* dst_vec;     // [Nd, H, C] x_dst (GATv2) or query (Dot)
+  const scalar_t* dst_vec;     // [Nd, H, C] x_dst (GATv2, Cosine) or query (Dot)
+  const float* src_norm;       // [Ns, H] fp32 row norms |x_src| (Cosine)
+  const float* dst_norm;       // [Nd, H] fp32 row norms |x_dst| (Cosine)
+  const float* beta;           // [H] fp32 score factor (Cosine)
   const scalar_t* src_scalar;  // [Ns, H] alpha_src (GAT)
   const scalar_t* dst_scalar;  // [Nd, H] alpha_dst (GAT)
   const scalar_t* att;         // [H, C] (GATv2)
@@ -72,10 +93,10 @@ struct Params {
   scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
   scalar_t* grad_edge;
   float* delta_out;
-  float* att_partial;  // [resident warps, H, C]
+  float* att_partial;  // [resident warps, H, C] (GATv2) or [resident warps, H] (Cosine: d beta)
   float* part_vec;
   float* part_vec2;
-  float* part_scalar;
+  float* part_scalar;   // GAT: alpha sums; Cosine target pass: the tile's d beta sums
   float* part_scalar2;
   float* part_delta;
   float* part_att;
@@ -231,7 +252,10 @@ constexpr int backward_blocks_per_sm() {
 // fit 3; Dot's forward keeps key and value rows, so 3 as well. GAT's backward
 // passes stay at 2: at 64 registers they keep 4 blocks per SM resident, and
 // 4 edges (72-80 registers) cost that block and 7% of GAT's fwd+bwd time
-// on rmat20 (H100).
+// on rmat20 (H100). Cosine gathers one row per edge in forward and in the
+// target pass (x_src: message, and over its norm the cosine's other side): 4
+// edges per forward step as GAT and GATv2, Dot's 3 in the target pass; its
+// source pass gathers two rows (g_t, u_t) as Dot's does, so 2 as well.
 template <int KIND, int VEC>
 constexpr int forward_edges_per_step() {
   return VEC != 4 ? 2 : KIND == kDot ? 3 : 4;
@@ -239,12 +263,42 @@ constexpr int forward_edges_per_step() {
 
 template <int KIND, int VEC>
 constexpr int target_edges_per_step() {
-  return VEC == 4 && KIND == kDot ? 3 : 2;
+  return VEC == 4 && (KIND == kDot || KIND == kCosine) ? 3 : 2;
 }
 
 template <int KIND, int VEC>
 constexpr int source_edges_per_step() {
   return VEC == 4 && KIND == kGatV2 ? 3 : 2;
+}
+
+// 1 / max(|x|, floor) of row `node`'s head (Cosine's norms are fp32 [N, H]).
+template <int VEC>
+__device__ __forceinline__ float inverse_norm_of(const float* norms, int64_t node, const LaneGeometry& geo,
+                                                 const Lane<VEC>& lane) {
+  return 1.f / clamped_norm(load_scalar(norms, node, geo, lane.head, lane.head_ok));
+}
+
+// Cosine's per-edge terms over one step's gathered source rows x_src
+// (forward and target pass): 1 / max(|x_src|, floor), which with the
+// target's own factor turns the head's <x_dst, x_src> into the cosine, and
+// this lane's share of that dot product; the source row itself is the message.
+template <int VEC, int U, typename scalar_t>
+__device__ __forceinline__ void cosine_terms(const Params<scalar_t>& p, const int64_t (&neighbour)[U],
+                                             const LaneGeometry& geo, const Lane<VEC>& lane, const Chunks<VEC>& target,
+                                             const Chunks<VEC> (&source)[U], float (&inverse_norm)[U],
+                                             float (&partial)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    inverse_norm[u] = inverse_norm_of<VEC>(p.src_norm, neighbour[u], geo, lane);
+#pragma unroll
+  for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, source[u]);
+}
+
+// The factor of <q, k> in the score: scale (Dot) or beta[head] * scale (Cosine).
+template <int KIND, typename scalar_t>
+__device__ __forceinline__ float score_factor(const Params<scalar_t>& p, int head, bool head_ok) {
+  if constexpr (KIND == kCosine) return head_ok ? p.beta[head] * p.scale : 0.f;
+  return p.scale;
 }
 
 // The original edge ids of one step's slots, shuffled from the lane that read
@@ -329,15 +383,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr;
   const bool writer = lane.head_ok && lane.in_head == 0;
+  const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
 
   Chunks<VEC> att;  // GATv2's attention vector
   if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, att);
 
   for_each_item(p, lane.lane, [&](const WorkItem& item) {
     Chunks<VEC> target;  // query / x_dst of the row
-    float alpha_dst = 0.f;
+    float alpha_dst = 0.f, target_inverse_norm = 1.f;
     if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
     if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
+    if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
 
     Chunks<VEC> acc;
     set_zero<VEC>(acc);
@@ -348,10 +404,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
       // All of the step's gathers first, with no branch between them, so
       // their latencies overlap; edge features (rare) come in a second round.
       Chunks<VEC> message[U];
-      float partial[U];
+      float partial[U], inverse_norm[U];  // Cosine: 1 / max(|x_src|, floor)
 #pragma unroll
       for (int u = 0; u < U; ++u) load_row<VEC>(p.msg_src, neighbour[u], geo, lane, message[u]);
-      if constexpr (KIND == kDot) {
+      if constexpr (KIND == kCosine) {
+        cosine_terms<VEC, U>(p, neighbour, geo, lane, target, message, inverse_norm, partial);
+      } else if constexpr (KIND == kDot) {
         Chunks<VEC> key[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
@@ -398,8 +456,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
       for (int u = 0; u < U; ++u) {
         if constexpr (KIND == kGat) {
           score[u] = partial[u];
+        } else if constexpr (KIND == kCosine) {
+          // the same product as the backward passes', so they recompute the same score
+          score[u] = head_sum(partial[u], geo.lanes_per_head) * inverse_norm[u] * target_inverse_norm * factor;
         } else {
-          score[u] = head_sum(partial[u], geo.lanes_per_head) * p.scale;
+          score[u] = head_sum(partial[u], geo.lanes_per_head) * factor;
         }
         drop[u] = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         if (valid[u]) new_max = fmaxf(new_max, score[u]);
@@ -501,18 +562,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f;
   const bool writer = lane.head_ok && lane.in_head == 0;
+  const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
 
   Chunks<VEC> att, att_grad;  // GATv2: the attention vector and this warp's share of its gradient
   set_zero<VEC>(att_grad);
   if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, att);
+  float beta_grad = 0.f;  // Cosine: this warp's share of d beta[head] = sum_e d score_e * score_e / beta
 
   for_each_item(p, lane.lane, [&](const WorkItem& item) {
     Chunks<VEC> grad, target;
     load_row<VEC>(p.grad_out, item.row, geo, lane, grad);
     const float row_lse = load_scalar(p.lse_in, item.row, geo, lane.head, lane.head_ok);
-    float alpha_dst = 0.f;
+    float alpha_dst = 0.f, target_inverse_norm = 1.f;
     if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
     if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
+    if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
 
     // sums over the row's edges of r_e * term_e (weighted) and p_e * term_e (plain)
     Chunks<VEC> weighted, plain, att_weighted, att_plain;
@@ -526,10 +590,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
                      [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       // gathers first, with no branch between them (see forward_kernel)
       Chunks<VEC> message[U], key[U];  // key: Dot's key + edge; GATv2's hidden
-      float partial[U], message_dot[U], z[U];
+      float partial[U], message_dot[U], z[U], inverse_norm[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) load_row<VEC>(p.msg_src, neighbour[u], geo, lane, message[u]);
-      if constexpr (KIND == kDot) {
+      if constexpr (KIND == kCosine) {
+        cosine_terms<VEC, U>(p, neighbour, geo, lane, target, message, inverse_norm, partial);
+      } else if constexpr (KIND == kDot) {
 #pragma unroll
         for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
         if (p.edge) {
@@ -569,11 +635,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       for (int u = 0; u < U; ++u) message_dot[u] = dot<VEC>(grad, message[u]);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        float score;
+        float score, cosine = 0.f;
         if constexpr (KIND == kGat) {
           score = leaky_relu(z[u], p.slope);
+        } else if constexpr (KIND == kCosine) {
+          // the same product as forward's score, so prob is exp of the same number
+          const float unscaled = head_sum(partial[u], geo.lanes_per_head) * inverse_norm[u] * target_inverse_norm;
+          score = unscaled * factor;
+          cosine = unscaled * p.scale;
         } else {
-          score = head_sum(partial[u], geo.lanes_per_head) * p.scale;
+          score = head_sum(partial[u], geo.lanes_per_head) * factor;
         }
         const float dp = head_sum(message_dot[u], geo.lanes_per_head);
         if (!valid[u]) continue;
@@ -583,6 +654,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         if constexpr (KIND == kDot) {
           add_scaled<VEC>(weighted, r, key[u]);
           add_scaled<VEC>(plain, prob, key[u]);
+        } else if constexpr (KIND == kCosine) {
+          // d u_dst = beta * sum_e d score_e * u_src (u_src = x_src / max(|x_src|, floor));
+          // d beta = sum_e d score_e * cosine_e
+          add_scaled<VEC>(weighted, r * inverse_norm[u], message[u]);
+          add_scaled<VEC>(plain, prob * inverse_norm[u], message[u]);
+          scalar_weighted += r * cosine;
+          scalar_plain += prob * cosine;
         } else if constexpr (KIND == kGatV2) {
 #pragma unroll
           for (int k = 0; k < K; ++k)
@@ -615,20 +693,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         for (int k = 0; k < K; ++k)
 #pragma unroll
           for (int v = 0; v < VEC; ++v) {
-            const float scale = KIND == kDot ? p.scale : att[k][v];
+            const float scale = KIND == kGatV2 ? att[k][v] : factor;
             result[k][v] = scale * (weighted[k][v] - delta * plain[k][v]);
             att_grad[k][v] += att_weighted[k][v] - delta * att_plain[k][v];
           }
         store_row<VEC>(p.grad_vec, item.row, geo, lane, result);
+        if constexpr (KIND == kCosine) beta_grad += scalar_weighted - delta * scalar_plain;
       }
     } else {
       if (writer) p.part_delta[item.partial * geo.heads + lane.head] = delta;
-      if constexpr (KIND == kGat) {
+      if constexpr (KIND == kGat || KIND == kCosine) {
         if (writer) {
           p.part_scalar[item.partial * geo.heads + lane.head] = scalar_weighted;
           p.part_scalar2[item.partial * geo.heads + lane.head] = scalar_plain;
         }
-      } else {
+      }
+      if constexpr (KIND != kGat) {
         if constexpr (KIND == kGatV2) {
 #pragma unroll
           for (int k = 0; k < K; ++k)
@@ -658,19 +738,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   // GATv2: each resident warp's share of the attention-vector gradient, one
   // row per warp (fixed item assignment: deterministic), summed on the host
   // side. No block barrier: warps of a block end at different times.
+  // Cosine: the same for d beta, one value per (warp, head).
   if constexpr (KIND == kGatV2) store_row<VEC>(p.att_partial, warp_index(), geo, lane, att_grad);
+  if constexpr (KIND == kCosine) {
+    if (writer) p.att_partial[warp_index() * geo.heads + lane.head] = beta_grad;
+  }
 }
 
 // Heavy rows of the target-side pass: add the tiles' sums in tile order, then
 // combine them with the row's complete delta. `per_head` values per head
 // (C, or 1 for GAT's alpha_dst); GATv2's attention-vector share of the row
-// goes to att_rows[j] (summed with the block partials on the host).
+// goes to att_rows[j] (summed with the block partials on the host). Cosine:
+// the gradient is also scaled by beta[head] (head_scale), and the row's share
+// of d beta (from the tiles' beta_weighted / beta_plain) goes to
+// beta_rows[j, head].
 template <typename scalar_t>
 __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int per_head, float scale,
+                                           const float* __restrict__ head_scale,
                                            const float* __restrict__ part_delta, const float* __restrict__ weighted,
                                            const float* __restrict__ plain, const float* __restrict__ att_weighted,
-                                           const float* __restrict__ att_plain, scalar_t* __restrict__ grad,
-                                           float* __restrict__ delta_out, float* __restrict__ att_rows) {
+                                           const float* __restrict__ att_plain, const float* __restrict__ beta_weighted,
+                                           const float* __restrict__ beta_plain, scalar_t* __restrict__ grad,
+                                           float* __restrict__ delta_out, float* __restrict__ att_rows,
+                                           float* __restrict__ beta_rows) {
   const int64_t row = s.heavy_rows[blockIdx.x];
   const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
   const int64_t width = static_cast<int64_t>(heads) * per_head;
@@ -686,8 +776,19 @@ __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int p
         sum_att_plain += att_plain[t * width + f];
       }
     }
-    grad[row * width + f] = static_cast<scalar_t>(scale * (sum_weighted - delta * sum_plain));
-    if (f % per_head == 0) delta_out[row * heads + head] = delta;
+    const float factor = head_scale != nullptr ? scale * head_scale[head] : scale;
+    grad[row * width + f] = static_cast<scalar_t>(factor * (sum_weighted - delta * sum_plain));
+    if (f % per_head == 0) {
+      delta_out[row * heads + head] = delta;
+      if (beta_rows != nullptr) {
+        float sum_beta_weighted = 0.f, sum_beta_plain = 0.f;
+        for (int64_t t = first; t < last; ++t) {
+          sum_beta_weighted += beta_weighted[t * heads + head];
+          sum_beta_plain += beta_plain[t * heads + head];
+        }
+        beta_rows[blockIdx.x * heads + head] = sum_beta_weighted - delta * sum_beta_plain;
+      }
+    }
     if (att_rows != nullptr) att_rows[blockIdx.x * width + f] = sum_att_weighted - delta * sum_att_plain;
   }
 }
@@ -702,17 +803,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f;
   const bool writer = lane.head_ok && lane.in_head == 0;
+  const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
 
   Chunks<VEC> att;
   if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, att);
 
   for_each_item(p, lane.lane, [&](const WorkItem& item) {
-    // the source row: x_src (GAT, GATv2) or value and key (Dot)
+    // the source row: x_src (GAT, GATv2, Cosine) or value and key (Dot)
     Chunks<VEC> message, key;
     load_row<VEC>(p.msg_src, item.row, geo, lane, message);
     if constexpr (KIND == kDot) load_row<VEC>(p.key_src, item.row, geo, lane, key);
-    float alpha_src = 0.f;
+    float alpha_src = 0.f, inverse_norm = 1.f;
     if constexpr (KIND == kGat) alpha_src = load_scalar(p.src_scalar, item.row, geo, lane.head, lane.head_ok);
+    if constexpr (KIND == kCosine)
+      inverse_norm = 1.f / clamped_norm(load_scalar(p.src_norm, item.row, geo, lane.head, lane.head_ok));
 
     Chunks<VEC> source_grad, key_grad;
     set_zero<VEC>(source_grad);
@@ -723,13 +827,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
                      [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       // gathers first, with no branch between them (see forward_kernel)
       Chunks<VEC> grad[U], target[U], hidden[U];
-      float partial[U], message_dot[U], row_lse[U], row_delta[U], z[U];
+      float partial[U], message_dot[U], row_lse[U], row_delta[U], z[U], target_inverse_norm[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         load_row<VEC>(p.grad_out, neighbour[u], geo, lane, grad[u]);
         if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, neighbour[u], geo, lane, target[u]);
         row_lse[u] = load_scalar(p.lse_in, neighbour[u], geo, lane.head, lane.head_ok);
         row_delta[u] = load_scalar(p.delta_in, neighbour[u], geo, lane.head, lane.head_ok);
+        if constexpr (KIND == kCosine) target_inverse_norm[u] = inverse_norm_of<VEC>(p.dst_norm, neighbour[u], geo, lane);
         if constexpr (KIND == kGat) z[u] = alpha_src + load_scalar(p.dst_scalar, neighbour[u], geo, lane.head, lane.head_ok);
       }
       if constexpr (KIND == kDot) {
@@ -756,6 +861,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         for (int u = 0; u < U; ++u) {
           partial[u] = dot<VEC>(target[u], key_edge[u]);
           message_dot[u] = dot<VEC>(grad[u], message_edge[u]);
+        }
+      } else if constexpr (KIND == kCosine) {
+        // the source row is the message; its dot with x_dst, over both norms, the cosine
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          partial[u] = dot<VEC>(target[u], message);
+          message_dot[u] = dot<VEC>(grad[u], message);
         }
       } else if constexpr (KIND == kGatV2) {
 #pragma unroll
@@ -785,8 +897,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         float score;
         if constexpr (KIND == kGat) {
           score = leaky_relu(z[u], p.slope);
+        } else if constexpr (KIND == kCosine) {
+          score = head_sum(partial[u], geo.lanes_per_head) * inverse_norm * target_inverse_norm[u] * factor;  // as forward's
         } else {
-          score = head_sum(partial[u], geo.lanes_per_head) * p.scale;
+          score = head_sum(partial[u], geo.lanes_per_head) * factor;
         }
         const float dp = head_sum(message_dot[u], geo.lanes_per_head);
         if (!valid[u]) continue;
@@ -794,7 +908,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         const float drop = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         const float score_grad = prob * (drop * dp - row_delta[u]);
         add_scaled<VEC>(source_grad, prob * drop, grad[u]);
-        if constexpr (KIND == kDot) {
+        if constexpr (KIND == kCosine) {
+          // d u_src = beta * sum_e d score_e * u_dst, u_dst = x_dst / max(|x_dst|, floor)
+          add_scaled<VEC>(key_grad, score_grad * factor * target_inverse_norm[u], target[u]);
+        } else if constexpr (KIND == kDot) {
           add_scaled<VEC>(key_grad, score_grad * p.scale, target[u]);
           if (p.grad_edge) {
             Chunks<VEC> edge_grad;
@@ -827,20 +944,78 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 
     if (item.partial < 0) {
       store_row<VEC>(p.grad_vec, item.row, geo, lane, source_grad);
-      if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
+      if constexpr (KIND == kDot || KIND == kCosine) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
       if (KIND == kGat && writer) p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_grad);
     } else {
       store_row<VEC>(p.part_vec, item.partial, geo, lane, source_grad);
-      if constexpr (KIND == kDot) store_row<VEC>(p.part_vec2, item.partial, geo, lane, key_grad);
+      if constexpr (KIND == kDot || KIND == kCosine) store_row<VEC>(p.part_vec2, item.partial, geo, lane, key_grad);
       if (KIND == kGat && writer) p.part_scalar[item.partial * geo.heads + lane.head] = scalar_grad;
     }
   }, [&](int64_t row) {
     Chunks<VEC> zero;
     set_zero<VEC>(zero);
     store_row<VEC>(p.grad_vec, row, geo, lane, zero);
-    if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, row, geo, lane, zero);
+    if constexpr (KIND == kDot || KIND == kCosine) store_row<VEC>(p.grad_vec2, row, geo, lane, zero);
     if (KIND == kGat && writer) p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
   });
+}
+
+// ------------------------------------------------- Cosine's node-level work
+// AGNN's rows before and after the edge kernels, one warp per (node, head)
+// row, lanes striding over the channels (coalesced; any C). With
+// n = |x|, m = max(n, floor), a = (n >= floor), u = x / m (in fp32):
+//   forward:  n (fp32) in one read of x;
+//   backward: grad_x = direct + (g - a * <g, u> * u) / m, g = g1 (+ g2),
+// which is d(x / max(|x|, floor))/dx applied to g (F.normalize's backward,
+// clamp_min's mask included), plus the message path's gradient `direct`:
+// the message is x itself, so its gradient reaches x as is.
+// One pass each instead of torch's chain of N x C temporaries.
+template <typename scalar_t>
+__global__ void row_norms_kernel(const scalar_t* __restrict__ x, int64_t rows, int channels,
+                                 float* __restrict__ norm) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;  // warp-uniform
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t base = row * channels;
+  float squares = 0.f;
+  for (int c = lane; c < channels; c += kWarp) {
+    const float value = static_cast<float>(x[base + c]);
+    squares += value * value;
+  }
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) squares += __shfl_xor_sync(kFullMask, squares, offset);
+  if (lane == 0) norm[row] = sqrtf(squares);
+}
+
+template <typename scalar_t>
+__global__ void unit_rows_backward_kernel(const scalar_t* __restrict__ x, const float* __restrict__ norm,
+                                          const scalar_t* __restrict__ grad1, const scalar_t* __restrict__ grad2,
+                                          const scalar_t* __restrict__ direct, int64_t rows, int channels,
+                                          scalar_t* __restrict__ grad_x) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;  // warp-uniform
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t base = row * channels;
+  auto grad_at = [&](int64_t i) {
+    return static_cast<float>(grad1[i]) + (grad2 != nullptr ? static_cast<float>(grad2[i]) : 0.f);
+  };
+  const float row_norm = norm[row];
+  const float divisor = clamped_norm(row_norm);
+  const float inverse = 1.f / divisor;
+  // a quotient, not x * inverse: for one channel x / sqrt(x * x) is exactly +-1, so the
+  // gradient through the unit row is exactly 0 there, as F.normalize's is
+  auto unit_at = [&](int64_t i) { return static_cast<float>(x[i]) / divisor; };
+  float radial = 0.f;
+  for (int c = lane; c < channels; c += kWarp) radial += grad_at(base + c) * unit_at(base + c);
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) radial += __shfl_xor_sync(kFullMask, radial, offset);
+  // clamp_min passes the norm's gradient only where norm >= floor (a NaN norm gets none)
+  const float kept = row_norm >= kNormFloor ? radial : 0.f;
+  // the second read of the row hits L1: no registers held across the reduction for any C
+  for (int c = lane; c < channels; c += kWarp) {
+    const int64_t i = base + c;
+    float value = (grad_at(i) - kept * unit_at(i)) * inverse;
+    if (direct != nullptr) value += static_cast<float>(direct[i]);
+    grad_x[i] = static_cast<scalar_t>(value);
+  }
 }
 
 // ---------------------------------------------------------------- host side
@@ -848,8 +1023,8 @@ constexpr const char* kForward = "gnnio::attention_forward";
 constexpr const char* kBackwardTarget = "gnnio::attention_backward_target";
 constexpr const char* kBackwardSource = "gnnio::attention_backward_source";
 
-// Runtime (kind, vector width) become template parameters: 3 kinds x 2
-// widths x 3 dtypes = 18 instantiations per kernel.
+// Runtime (kind, vector width) become template parameters: 4 kinds x 2
+// widths x 3 dtypes = 24 instantiations per kernel.
 #define GNNIO_ATTENTION_SWITCH(kind, vec, ...)        \
   [&] {                                               \
     if (vec == 4) {                                   \
@@ -863,8 +1038,12 @@ constexpr const char* kBackwardSource = "gnnio::attention_backward_source";
           constexpr int KIND = kGatV2;                \
           return __VA_ARGS__();                       \
         }                                             \
-        default: {                                    \
+        case kDot: {                                  \
           constexpr int KIND = kDot;                  \
+          return __VA_ARGS__();                       \
+        }                                             \
+        default: {                                    \
+          constexpr int KIND = kCosine;               \
           return __VA_ARGS__();                       \
         }                                             \
       }                                               \
@@ -879,8 +1058,12 @@ constexpr const char* kBackwardSource = "gnnio::attention_backward_source";
           constexpr int KIND = kGatV2;                \
           return __VA_ARGS__();                       \
         }                                             \
-        default: {                                    \
+        case kDot: {                                  \
           constexpr int KIND = kDot;                  \
+          return __VA_ARGS__();                       \
+        }                                             \
+        default: {                                    \
+          constexpr int KIND = kCosine;               \
           return __VA_ARGS__();                       \
         }                                             \
       }                                               \
@@ -905,15 +1088,15 @@ struct Features {
 
 void check_tensor(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype,
                   std::initializer_list<int64_t> shape) {
-  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, " like msg_src, got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
-  TORCH_CHECK(t.sizes().equals(shape), op, ": ", name, " must have shape ", at::IntArrayRef(shape), ", got ",
+  GNNIO_ENSURE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
+  GNNIO_ENSURE(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, " like msg_src, got ", t.scalar_type());
+  GNNIO_ENSURE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
+  GNNIO_ENSURE(t.sizes().equals(shape), op, ": ", name, " must have shape ", at::IntArrayRef(shape), ", got ",
               t.sizes());
 }
 
 const at::Tensor& required(const char* op, const char* name, const c10::optional<at::Tensor>& t, int64_t kind) {
-  TORCH_CHECK(t.has_value(), op, ": ", name, " is required for kind ", kind);
+  GNNIO_ENSURE(t.has_value(), op, ": ", name, " is required for kind ", kind);
   return *t;
 }
 
@@ -921,16 +1104,16 @@ Features check_features(const char* op, int64_t kind, int64_t num_dst, int64_t n
                         const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
                         const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
                         const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge) {
-  TORCH_CHECK(kind == kGat || kind == kGatV2 || kind == kDot, op, ": kind must be 0 (GAT), 1 (GATv2) or 2 (dot), got ",
-              kind);
-  TORCH_CHECK(msg_src.dim() == 3, op, ": msg_src must have 3 dims [N, H, C], got shape ", msg_src.sizes());
+  GNNIO_ENSURE(kind == kGat || kind == kGatV2 || kind == kDot || kind == kCosine, op,
+              ": kind must be 0 (GAT), 1 (GATv2), 2 (dot) or 3 (cosine), got ", kind);
+  GNNIO_ENSURE(msg_src.dim() == 3, op, ": msg_src must have 3 dims [N, H, C], got shape ", msg_src.sizes());
   const int64_t ns = msg_src.size(0), h = msg_src.size(1), c = msg_src.size(2);
   // The kernels address rows with 32-bit ids (attention.cu: row_start).
   constexpr int64_t max_rows = int64_t{1} << 32;
-  TORCH_CHECK(ns < max_rows && num_dst < max_rows && num_edges < max_rows, op,
+  GNNIO_ENSURE(ns < max_rows && num_dst < max_rows && num_edges < max_rows, op,
               ": node and edge counts must be below 2^32, got ", ns, " sources, ", num_dst, " targets, ", num_edges,
               " edges");
-  TORCH_CHECK(h > 0 && c > 0 && c <= kMaxChannels, op, ": heads must be >= 1 and channels in 1..", kMaxChannels,
+  GNNIO_ENSURE(h > 0 && c > 0 && c <= kMaxChannels, op, ": heads must be >= 1 and channels in 1..", kMaxChannels,
               ", got shape ", msg_src.sizes());
   const at::ScalarType dtype = msg_src.scalar_type();
   check_tensor(op, "msg_src", msg_src, dtype, {ns, h, c});
@@ -941,6 +1124,13 @@ Features check_features(const char* op, int64_t kind, int64_t num_dst, int64_t n
     check_tensor(op, "dst_scalar", required(op, "dst_scalar", dst_scalar, kind), dtype, {num_dst, h});
   }
   if (kind == kGatV2) check_tensor(op, "att", required(op, "att", att, kind), dtype, {h, c});
+  if (kind == kCosine) {
+    // fp32 whatever the features' dtype: the norms divide every cosine, beta scales every score
+    check_tensor(op, "src_scalar", required(op, "src_scalar", src_scalar, kind), at::kFloat, {ns, h});
+    check_tensor(op, "dst_scalar", required(op, "dst_scalar", dst_scalar, kind), at::kFloat, {num_dst, h});
+    check_tensor(op, "att", required(op, "att", att, kind), at::kFloat, {h});
+    GNNIO_ENSURE(!edge.has_value(), op, ": kind 3 (cosine) takes no edge features");
+  }
   if (edge.has_value()) {
     if (kind == kGat)
       check_tensor(op, "edge", *edge, dtype, {num_edges, h});
@@ -956,7 +1146,8 @@ int vector_width(const Features& f, std::initializer_list<const at::Tensor*> mor
   const uintptr_t align = 4 * at::elementSize(f.dtype);
   auto aligned = [&](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0; };
   bool ok = aligned(f.msg_src);
-  for (const auto* t : {&f.key_src, &f.dst_vec, &f.att}) ok = ok && (!t->has_value() || aligned(**t));
+  for (const auto* t : {&f.key_src, &f.dst_vec}) ok = ok && (!t->has_value() || aligned(**t));
+  if (f.kind == kGatV2) ok = ok && aligned(*f.att);  // Cosine's att is beta, read one float at a time
   if (f.kind != kGat && f.edge.has_value()) ok = ok && aligned(*f.edge);
   for (const at::Tensor* t : more) ok = ok && aligned(*t);
   return ok ? 4 : 1;
@@ -977,14 +1168,14 @@ struct RowOrder {
 
 RowOrder row_order_view(const char* op, const RowSchedule& schedule, const at::Tensor& row_order,
                         int64_t num_busy_rows) {
-  TORCH_CHECK(row_order.is_cuda() && row_order.scalar_type() == at::kLong && row_order.dim() == 1 &&
+  GNNIO_ENSURE(row_order.is_cuda() && row_order.scalar_type() == at::kLong && row_order.dim() == 1 &&
                   row_order.is_contiguous(),
               op, ": row_order must be a contiguous 1-d int64 CUDA tensor, got ", row_order.scalar_type(), " of shape ",
               row_order.sizes(), " on ", row_order.device());
-  TORCH_CHECK(row_order.numel() == schedule.num_rows - schedule.num_heavy, op,
+  GNNIO_ENSURE(row_order.numel() == schedule.num_rows - schedule.num_heavy, op,
               ": row_order must list the ", schedule.num_rows - schedule.num_heavy, " light rows, got ",
               row_order.numel());
-  TORCH_CHECK(num_busy_rows >= 0 && num_busy_rows <= row_order.numel(), op, ": num_busy_rows must be in 0..",
+  GNNIO_ENSURE(num_busy_rows >= 0 && num_busy_rows <= row_order.numel(), op, ": num_busy_rows must be in 0..",
               row_order.numel(), ", got ", num_busy_rows);
   return RowOrder{row_order.data_ptr<int64_t>(), num_busy_rows, row_order.numel() - num_busy_rows};
 }
@@ -1004,9 +1195,15 @@ Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, con
   p.msg_src = f.msg_src.data_ptr<scalar_t>();
   p.key_src = ptr_or_null<scalar_t>(f.key_src);
   p.dst_vec = ptr_or_null<scalar_t>(f.dst_vec);
-  p.src_scalar = ptr_or_null<scalar_t>(f.src_scalar);
-  p.dst_scalar = ptr_or_null<scalar_t>(f.dst_scalar);
-  p.att = ptr_or_null<scalar_t>(f.att);
+  if (f.kind == kCosine) {
+    p.src_norm = f.src_scalar->data_ptr<float>();
+    p.dst_norm = f.dst_scalar->data_ptr<float>();
+    p.beta = f.att->data_ptr<float>();
+  } else {
+    p.src_scalar = ptr_or_null<scalar_t>(f.src_scalar);
+    p.dst_scalar = ptr_or_null<scalar_t>(f.dst_scalar);
+    p.att = ptr_or_null<scalar_t>(f.att);
+  }
   p.edge = ptr_or_null<scalar_t>(f.edge);
   p.slope = static_cast<float>(negative_slope);
   p.scale = static_cast<float>(scale);
@@ -1016,12 +1213,12 @@ Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, con
 }
 
 void check_graph(const char* op, const at::Tensor& indices, const at::Tensor& eid, int64_t num_edges) {
-  TORCH_CHECK(indices.is_cuda() && eid.is_cuda(), op, ": indices and eid must be CUDA tensors, got ", indices.device(),
+  GNNIO_ENSURE(indices.is_cuda() && eid.is_cuda(), op, ": indices and eid must be CUDA tensors, got ", indices.device(),
               " and ", eid.device());
-  TORCH_CHECK(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
+  GNNIO_ENSURE(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
               ": indices must be int32 or int64, got ", indices.scalar_type());
-  TORCH_CHECK(eid.scalar_type() == at::kLong, op, ": eid must be int64, got ", eid.scalar_type());
-  TORCH_CHECK(indices.is_contiguous() && eid.is_contiguous() && indices.numel() == num_edges &&
+  GNNIO_ENSURE(eid.scalar_type() == at::kLong, op, ": eid must be int64, got ", eid.scalar_type());
+  GNNIO_ENSURE(indices.is_contiguous() && eid.is_contiguous() && indices.numel() == num_edges &&
                   eid.numel() == num_edges,
               op, ": indices and eid must be contiguous with ", num_edges, " entries, got ", indices.numel(), " and ",
               eid.numel());
@@ -1061,7 +1258,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
   check_graph(kForward, indices, eid, num_edges);
   const Features f = check_features(kForward, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar,
                                     dst_scalar, att, edge);
-  TORCH_CHECK(return_scores >= 0 && return_scores <= 2, kForward,
+  GNNIO_ENSURE(return_scores >= 0 && return_scores <= 2, kForward,
               ": return_scores must be 0 (none), 1 (before dropout) or 2 (after dropout), got ", return_scores);
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
@@ -1145,6 +1342,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
   at::Tensor part_att_weighted = at::empty({att_tiles, f.heads * f.channels}, float_options);
   at::Tensor part_att_plain = at::empty({att_tiles, f.heads * f.channels}, float_options);
   at::Tensor att_rows = at::empty({kind == kGatV2 ? schedule.num_heavy : 0, f.heads * f.channels}, float_options);
+  // Cosine: the tiles' and the heavy rows' shares of d beta
+  const bool cosine = kind == kCosine;
+  at::Tensor part_beta_weighted = at::empty({cosine ? tiles : 0, f.heads}, float_options);
+  at::Tensor part_beta_plain = at::empty({cosine ? tiles : 0, f.heads}, float_options);
+  at::Tensor beta_rows = at::empty({cosine ? schedule.num_heavy : 0, f.heads}, float_options);
   const int vec = vector_width(f, {&grad_out, &grad_dst});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor grad_att = at::empty({0}, msg_src.options());
@@ -1161,15 +1363,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     p.part_delta = part_delta.data_ptr<float>();
     p.part_vec = part_weighted.data_ptr<float>();
     p.part_vec2 = part_plain.data_ptr<float>();
-    p.part_scalar = part_weighted.data_ptr<float>();
-    p.part_scalar2 = part_plain.data_ptr<float>();
+    p.part_scalar = (cosine ? part_beta_weighted : part_weighted).data_ptr<float>();
+    p.part_scalar2 = (cosine ? part_beta_plain : part_plain).data_ptr<float>();
     p.part_att = part_att_weighted.data_ptr<float>();
     p.part_att2 = part_att_plain.data_ptr<float>();
     GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
       const auto kernel = backward_target_kernel<KIND, VEC, scalar_t>;
       const dim3 grid = resident_grid(kernel, p);
-      // GATv2: one attention-vector partial row per resident warp
+      // GATv2: one attention-vector partial row per resident warp; Cosine: one d beta row
       if (kind == kGatV2) att_partial = at::empty({grid.x * int64_t{kWarpsPerBlock}, f.heads * f.channels}, float_options);
+      if (cosine) att_partial = at::zeros({grid.x * int64_t{kWarpsPerBlock}, f.heads}, float_options);
       p.att_partial = att_partial.data_ptr<float>();
       if (grid.x == 0) return;
       kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
@@ -1177,12 +1380,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     });
     if (schedule.num_heavy > 0) {
       finish_target_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), kMergeThreads, 0, stream>>>(
-          schedule, static_cast<int>(f.heads), static_cast<int>(per_head), kind == kDot ? p.scale : 1.f,
-          p.part_delta, p.part_vec, p.part_vec2, p.part_att, p.part_att2, grad_dst.data_ptr<scalar_t>(), p.delta_out,
-          kind == kGatV2 ? att_rows.data_ptr<float>() : nullptr);
+          schedule, static_cast<int>(f.heads), static_cast<int>(per_head), kind == kDot || cosine ? p.scale : 1.f,
+          cosine ? p.beta : nullptr, p.part_delta, p.part_vec, p.part_vec2, p.part_att, p.part_att2, p.part_scalar,
+          p.part_scalar2, grad_dst.data_ptr<scalar_t>(), p.delta_out,
+          kind == kGatV2 ? att_rows.data_ptr<float>() : nullptr, cosine ? beta_rows.data_ptr<float>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (kind == kGatV2) grad_att = (att_partial.sum(0) + att_rows.sum(0)).view({f.heads, f.channels}).to(f.dtype);
+    // fp32 like beta itself
+    if (cosine) grad_att = att_partial.sum(0) + beta_rows.sum(0);
   });
   if (kind != kGat) grad_dst = grad_dst.view({num_dst, f.heads, f.channels});
   return {grad_dst, grad_att, delta};
@@ -1204,11 +1410,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
       row_schedule(op, indptr, num_src, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
   const RowOrder order = row_order_view(op, schedule, row_order, num_busy_rows);
   check_graph(op, indices, eid, num_edges);
-  TORCH_CHECK(grad_out.dim() == 3, op, ": grad_out must have 3 dims [Nd, H, C], got shape ", grad_out.sizes());
+  GNNIO_ENSURE(grad_out.dim() == 3, op, ": grad_out must have 3 dims [Nd, H, C], got shape ", grad_out.sizes());
   const int64_t num_dst = grad_out.size(0);
   const Features f =
       check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge);
-  TORCH_CHECK(f.num_src == num_src, op, ": msg_src has ", f.num_src, " rows but the CSC has ", num_src);
+  GNNIO_ENSURE(f.num_src == num_src, op, ": msg_src has ", f.num_src, " rows but the CSC has ", num_src);
   check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
   check_tensor(op, "lse", lse, at::kFloat, {num_dst, f.heads});
   check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads});
@@ -1217,11 +1423,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
   const int64_t tiles = schedule.num_tiles;
 
   at::Tensor grad_msg = at::empty({num_src, f.heads, f.channels}, msg_src.options());
-  at::Tensor grad_key = at::empty({kind == kDot ? num_src : 0, f.heads, f.channels}, msg_src.options());
+  const bool has_key = kind == kDot || kind == kCosine;  // Cosine: d u_src through the score
+  at::Tensor grad_key = at::empty({has_key ? num_src : 0, f.heads, f.channels}, msg_src.options());
   at::Tensor grad_scalar = at::empty({kind == kGat ? num_src : 0, f.heads}, msg_src.options());
   at::Tensor grad_edge = edge.has_value() ? at::empty_like(*edge) : at::empty({0}, msg_src.options());
   at::Tensor part_vec = at::empty({tiles, f.heads, f.channels}, float_options);
-  at::Tensor part_vec2 = at::empty({kind == kDot ? tiles : 0, f.heads, f.channels}, float_options);
+  at::Tensor part_vec2 = at::empty({has_key ? tiles : 0, f.heads, f.channels}, float_options);
   at::Tensor part_scalar = at::empty({kind == kGat ? tiles : 0, f.heads}, float_options);
   const int vec = vector_width(f, {&grad_out, &grad_msg, &grad_key, &grad_edge});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -1233,7 +1440,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
     p.lse_in = lse.data_ptr<float>();
     p.delta_in = delta.data_ptr<float>();
     p.grad_vec = grad_msg.data_ptr<scalar_t>();
-    p.grad_vec2 = kind == kDot ? grad_key.data_ptr<scalar_t>() : nullptr;
+    p.grad_vec2 = has_key ? grad_key.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_scalar.data_ptr<scalar_t>() : nullptr;
     p.grad_edge = edge.has_value() ? grad_edge.data_ptr<scalar_t>() : nullptr;
     p.part_vec = part_vec.data_ptr<float>();
@@ -1247,21 +1454,76 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec, grad_msg, stream);
-    if (kind == kDot) sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec2, grad_key, stream);
+    if (has_key) sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec2, grad_key, stream);
     if (kind == kGat) sum_tiles<scalar_t>(schedule, f.heads, part_scalar, grad_scalar, stream);
   });
   return {grad_msg, grad_key, grad_scalar, grad_edge};
 }
 
+constexpr const char* kRowNorms = "gnnio::attention_row_norms";
+constexpr const char* kUnitRowsBackward = "gnnio::attention_unit_rows_backward";
+
+unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+void check_rows(const char* op, const char* name, const at::Tensor& t) {
+  GNNIO_ENSURE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
+  GNNIO_ENSURE(t.dim() == 3, op, ": ", name, " must have 3 dims [N, H, C], got shape ", t.sizes());
+  GNNIO_ENSURE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
+}
+
+// x [N, H, C] -> |x| fp32 [N, H].
+at::Tensor attention_row_norms(const at::Tensor& x) {
+  check_rows(kRowNorms, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = x.size(0) * x.size(1);
+  at::Tensor norm = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kFloat));
+  if (rows == 0 || x.size(2) == 0) return norm.zero_();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  GNNIO_DISPATCH_FEATURES(x.scalar_type(), kRowNorms, [&] {
+    row_norms_kernel<scalar_t><<<unit_row_blocks(rows), kWarpsPerBlock * kWarp, 0, stream>>>(
+        x.data_ptr<scalar_t>(), rows, static_cast<int>(x.size(2)), norm.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return norm;
+}
+
+// grad_x = direct + (g - [|x| >= 1e-12] <g, u> u) / max(|x|, 1e-12), g = grad_unit (+ grad_unit2),
+// u = x / max(|x|, 1e-12).
+at::Tensor attention_unit_rows_backward(const at::Tensor& x, const at::Tensor& norm, const at::Tensor& grad_unit,
+                                        const c10::optional<at::Tensor>& grad_unit2,
+                                        const c10::optional<at::Tensor>& direct) {
+  const char* op = kUnitRowsBackward;
+  check_rows(op, "x", x);
+  for (const at::Tensor* t : {&grad_unit, grad_unit2.has_value() ? &*grad_unit2 : nullptr,
+                              direct.has_value() ? &*direct : nullptr}) {
+    if (t == nullptr) continue;
+    check_tensor(op, "gradient", *t, x.scalar_type(), {x.size(0), x.size(1), x.size(2)});
+  }
+  check_tensor(op, "norm", norm, at::kFloat, {x.size(0), x.size(1)});
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = x.size(0) * x.size(1);
+  at::Tensor grad_x = at::empty_like(x);
+  if (rows == 0 || x.size(2) == 0) return grad_x;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
+    unit_rows_backward_kernel<scalar_t><<<unit_row_blocks(rows), kWarpsPerBlock * kWarp, 0, stream>>>(
+        x.data_ptr<scalar_t>(), norm.data_ptr<float>(), grad_unit.data_ptr<scalar_t>(),
+        ptr_or_null<scalar_t>(grad_unit2), ptr_or_null<scalar_t>(direct), rows, static_cast<int>(x.size(2)),
+        grad_x.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return grad_x;
+}
+
 // (seed, offset) for `increment` Philox draws per thread from the current
 // device's default CUDA generator, advancing it as torch's own dropout does.
 std::vector<int64_t> attention_dropout_seed(int64_t increment) {
-  TORCH_CHECK(increment > 0, "gnnio::attention_dropout_seed: increment must be positive, got ", increment);
+  GNNIO_ENSURE(increment > 0, "gnnio::attention_dropout_seed: increment must be positive, got ", increment);
   auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(c10::nullopt,
                                                                   at::cuda::detail::getDefaultCUDAGenerator());
   std::lock_guard<std::mutex> lock(gen->mutex_);
   const at::PhiloxCudaState state = gen->philox_cuda_state(static_cast<uint64_t>((increment + 3) / 4 * 4));
-  TORCH_CHECK(!state.captured_, "gnnio::attention_dropout_seed: attention dropout cannot run under CUDA graph capture");
+  GNNIO_ENSURE(!state.captured_, "gnnio::attention_dropout_seed: attention dropout cannot run under CUDA graph capture");
   return {static_cast<int64_t>(state.seed_.val), static_cast<int64_t>(state.offset_.val)};
 }
 
@@ -1269,24 +1531,31 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 }  // namespace attention
 }  // namespace gnnio
 
-// Schemas. kind: 0 GAT, 1 GATv2, 2 dot product (Transformer, AGNN). The
+// Schemas. kind: 0 GAT, 1 GATv2, 2 dot product (Transformer), 3 cosine (AGNN). The
 // graph arguments are (indptr, indices, eid) of the CSR for the forward and
 // target-side passes, of the CSC for the source-side pass, each with its row
 // schedule (common.cuh) and row_order: the light rows (at most tile_edges
 // slots), the num_busy_rows non-empty ones first by descending length, then
 // the empty ones (gnnio_cli/ops/attention_native.py builds it once per
 // graph). Per-edge tensors are in eid order.
-//   msg_src [Ns, H, C]: x_src (GAT, GATv2) or value (dot)
-//   key_src [Ns, H, C]: key (dot);  dst_vec [Nd, H, C]: x_dst (GATv2) or query (dot)
-//   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT)
-//   att [H, C] (GATv2);  edge: [E, H] (GAT) or [E, H, C]
+//   msg_src [Ns, H, C]: x_src (GAT, GATv2, cosine) or value (dot)
+//   key_src [Ns, H, C]: key (dot);  dst_vec [Nd, H, C]: x_dst (GATv2, cosine) or query (dot)
+//   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT);
+//     src_scalar fp32 [Ns, H], dst_scalar fp32 [Nd, H]: the row norms |x_src|, |x_dst| (cosine)
+//   att [H, C] (GATv2) or beta fp32 [H] (cosine);  edge: [E, H] (GAT) or [E, H, C]
 // attention_forward -> (out [Nd, H, C], lse fp32 [Nd, H] (0 for empty rows),
 //   scores fp32 [E, H] raw scores when return_scores is 1, or 2 for -inf on
 //   dropped edges; [0, H] otherwise).
 // attention_backward_target -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
-//   grad of att [H, C] (GATv2, else empty), delta fp32 [Nd, H] for the source pass).
+//   grad of att [H, C] (GATv2) or of beta fp32 [H] (cosine), else empty; delta fp32 [Nd, H]
+//   for the source pass).
 // attention_backward_source -> (grad of msg_src, grad of key_src (dot, else
 //   empty), grad of src_scalar (GAT, else empty), grad of edge (else empty)).
+//   Cosine: msg_src's slot holds d out / d x_src through the messages,
+//   key_src's slot d out / d u_src through the scores.
+// attention_row_norms(x [N, H, C]) -> |x| fp32 [N, H].
+// attention_unit_rows_backward(x, norm, grad_unit, grad_unit2?, direct?) ->
+//   direct + the gradient through x / max(|x|, 1e-12) of grad_unit + grad_unit2.
 // Deterministic; no atomics.
 #define GNNIO_ATTENTION_GRAPH_ARGS                                                                          \
   "Tensor indptr, Tensor indices, Tensor eid, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, " \
@@ -1304,10 +1573,15 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "Tensor grad_out, Tensor lse, Tensor delta, float negative_slope, float scale, float dropout, int seed, "
         "int offset) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
+  m.def("attention_row_norms(Tensor x) -> Tensor");
+  m.def("attention_unit_rows_backward(Tensor x, Tensor norm, Tensor grad_unit, Tensor? grad_unit2, "
+        "Tensor? direct) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
   m.impl("attention_forward", &gnnio::attention::attention_forward);
   m.impl("attention_backward_target", &gnnio::attention::attention_backward_target);
   m.impl("attention_backward_source", &gnnio::attention::attention_backward_source);
+  m.impl("attention_row_norms", &gnnio::attention::attention_row_norms);
+  m.impl("attention_unit_rows_backward", &gnnio::attention::attention_unit_rows_backward);
 }

@@ -15,8 +15,17 @@ namespace attention {
 
 // Score kinds. GAT: leaky_relu(a_src[s] + a_dst[t] + a_edge[e]), message x_src[s].
 // GATv2: sum_c att[c] * leaky_relu(x_src[s] + x_dst[t] + edge[e])[c], message x_src[s].
-// Dot (Transformer, AGNN): scale * <q[t], k[s] + edge[e]>, message v[s] + edge[e].
-enum Kind : int { kGat = 0, kGatV2 = 1, kDot = 2 };
+// Dot (Transformer): scale * <q[t], k[s] + edge[e]>, message v[s] + edge[e].
+// Cosine (AGNN): beta[h] * scale * <x[t], x[s]> / max(n[s], 1e-12) / max(n[t], 1e-12)
+// (= <u[t], u[s]> with u = F.normalize(x)), message x[s], n = |x| the fp32
+// row norms: one gathered row per edge serves as key and value.
+enum Kind : int { kGat = 0, kGatV2 = 1, kDot = 2, kCosine = 3 };
+
+// F.normalize's floor on the row norm (eps = 1e-12): rows shorter than this
+// are divided by it, and their norm gets no gradient (clamp_min's backward
+// passes where norm >= floor). A NaN norm stays NaN, as in clamp_min.
+constexpr float kNormFloor = 1e-12f;
+__device__ __forceinline__ float clamped_norm(float norm) { return norm < kNormFloor ? kNormFloor : norm; }
 
 // A warp covers one target row (or one tile of it) for a group of heads.
 // Each head gets `lanes_per_head` lanes (a power of two); lane l of a head

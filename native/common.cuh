@@ -12,13 +12,45 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 namespace gnnio {
 
 // ------------------------------------------------------------------ checks
 // Messages name the op, the argument and what was seen, e.g.
 // "gnnio::segment_sum: x must be a CUDA tensor, got cpu".
-#define GNNIO_CHECK(cond, op, ...) TORCH_CHECK(cond, op, ": ", __VA_ARGS__)
+//
+// The message is assembled into one std::string here, numbers through
+// std::to_string, and handed to TORCH_CHECK whole: formatting a number
+// through TORCH_CHECK's own stream crashed the process on the GPU machine
+// (segfault, not an error) where this code inlines that stream.
+namespace detail {
+inline void append(std::string& out, const char* text) { out += text; }
+inline void append(std::string& out, const std::string& text) { out += text; }
+inline void append(std::string& out, bool value) { out += value ? "true" : "false"; }
+inline void append(std::string& out, c10::ScalarType dtype) { out += c10::toString(dtype); }
+inline void append(std::string& out, const c10::Device& device) { out += device.str(); }
+inline void append(std::string& out, c10::IntArrayRef values) {
+  out += "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+  out += "]";
+}
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+inline void append(std::string& out, T value) {
+  out += std::to_string(value);
+}
+}  // namespace detail
+
+template <typename... Args>
+std::string error_text(const Args&... args) {
+  std::string out;
+  (detail::append(out, args), ...);
+  return out;
+}
+
+#define GNNIO_ENSURE(cond, ...) TORCH_CHECK(cond, ::gnnio::error_text(__VA_ARGS__))
+#define GNNIO_CHECK(cond, op, ...) GNNIO_ENSURE(cond, op, ": ", __VA_ARGS__)
 
 // Feature dtypes: fp32, fp16, bf16 (accumulation is always fp32). Three
 // instantiations per kernel, no more: index widths are runtime flags.
@@ -38,7 +70,7 @@ namespace gnnio {
         return __VA_ARGS__();                                                               \
       }                                                                                     \
       default:                                                                              \
-        TORCH_CHECK(false, op, ": features must be float32, float16 or bfloat16, got ", dtype); \
+        GNNIO_ENSURE(false, op, ": features must be float32, float16 or bfloat16, got ", dtype); \
     }                                                                                       \
   }()
 
@@ -115,6 +147,30 @@ __host__ __device__ inline int lanes_per_edge(int64_t chunks) {
   while (lanes < kWarp && lanes < chunks) lanes <<= 1;
   return lanes;
 }
+
+// ------------------------------------------------------ subwarp layout
+// The "subwarp" kernels (spmm.cu, reduce.cu) serve 16-bit rows of at most
+// 128 features, 8 per lane in one 128-bit load: a row needs at most 16
+// lanes, and each group of that many lanes takes a light row of its own.
+constexpr int kSubwarpVec = 8;
+constexpr int64_t kSubwarpMaxWidth = kWarp / 2 * kSubwarpVec;
+
+struct LaneGroups {
+  int lanes;         // lanes per row: a power of two, 1 to 16
+  int rows_per_warp;  // groups in a warp
+  int group;         // this lane's group
+  int group_lane;    // this lane's place in it
+  unsigned mask;     // the group's lanes, for its shuffles and syncs
+
+  __device__ __forceinline__ explicit LaneGroups(int64_t width) {
+    lanes = lanes_per_edge(width / kSubwarpVec);
+    rows_per_warp = kWarp / lanes;
+    const int lane = threadIdx.x % kWarp;
+    group = lane / lanes;
+    group_lane = lane % lanes;
+    mask = ((1u << lanes) - 1u) << (group * lanes);
+  }
+};
 
 // ------------------------------------------------------ row schedule
 // The degree-aware schedule of one CSR (or CSC): rows with at most
@@ -198,6 +254,36 @@ __device__ __forceinline__ void for_each_work_item(const RowSchedule& s, Body&& 
   }
 }
 
+// The order in which a subwarp first pass takes the light rows: `rows`
+// (int64 [count], e.g. by descending degree, so the rows sharing a warp are
+// about as long and no group idles behind its neighbour) or, with rows
+// null, 0 .. num_rows - 1 (heavy rows skipped).
+struct LightRows {
+  const int64_t* rows;
+  int64_t count;
+};
+
+// Work items of a subwarp first pass: the tiles (one warp each), then the
+// light rows in runs of rows_per_warp (one per lane group).
+__device__ __forceinline__ int64_t subwarp_items(const RowSchedule& s, const LightRows& light,
+                                                 const LaneGroups& groups) {
+  return s.num_tiles + (light.count + groups.rows_per_warp - 1) / groups.rows_per_warp;
+}
+
+// The light row of this lane group in subwarp item `warp` (>= the tiles):
+// false when the group has none (past the last row, or a heavy row, whose
+// tiles hold its result).
+__device__ __forceinline__ bool subwarp_row(const RowSchedule& s, const LightRows& light, const LaneGroups& groups,
+                                            int64_t warp, WorkItem& item) {
+  const int64_t index = (warp - s.num_tiles) * groups.rows_per_warp + groups.group;
+  if (index >= light.count) return false;
+  item.row = light.rows != nullptr ? light.rows[index] : index;
+  item.row_begin = item.begin = s.indptr[item.row];
+  item.end = s.indptr[item.row + 1];
+  item.partial = -1;
+  return item.end - item.begin <= s.tile_edges;
+}
+
 // Blocks for a first pass whose warps loop over work items with a grid
 // stride (item = warp, warp + all warps, ...): as many blocks as stay
 // resident at once, never more than the items need. On skewed graphs a block
@@ -220,18 +306,18 @@ inline RowSchedule row_schedule(const char* op, const at::Tensor& indptr, int64_
   const at::Tensor* parts[] = {&indptr, &tile_row, &tile_start, &heavy_rows, &heavy_tile_ptr};
   const char* names[] = {"indptr", "tile_row", "tile_start", "heavy_rows", "heavy_tile_ptr"};
   for (int i = 0; i < 5; ++i) {
-    TORCH_CHECK(parts[i]->is_cuda(), op, ": ", names[i], " must be a CUDA tensor, got ", parts[i]->device());
-    TORCH_CHECK(parts[i]->scalar_type() == at::kLong, op, ": ", names[i], " must be int64, got ",
+    GNNIO_ENSURE(parts[i]->is_cuda(), op, ": ", names[i], " must be a CUDA tensor, got ", parts[i]->device());
+    GNNIO_ENSURE(parts[i]->scalar_type() == at::kLong, op, ": ", names[i], " must be int64, got ",
                 parts[i]->scalar_type());
-    TORCH_CHECK(parts[i]->dim() == 1 && parts[i]->is_contiguous(), op, ": ", names[i],
+    GNNIO_ENSURE(parts[i]->dim() == 1 && parts[i]->is_contiguous(), op, ": ", names[i],
                 " must be a contiguous 1-d tensor, got shape ", parts[i]->sizes());
   }
-  TORCH_CHECK(indptr.numel() == num_rows + 1, op, ": indptr must have num_rows + 1 = ", num_rows + 1,
+  GNNIO_ENSURE(indptr.numel() == num_rows + 1, op, ": indptr must have num_rows + 1 = ", num_rows + 1,
               " entries, got ", indptr.numel());
-  TORCH_CHECK(tile_edges > 0, op, ": tile_edges must be positive, got ", tile_edges);
-  TORCH_CHECK(tile_row.numel() == tile_start.numel(), op, ": tile_row and tile_start differ in length: ",
+  GNNIO_ENSURE(tile_edges > 0, op, ": tile_edges must be positive, got ", tile_edges);
+  GNNIO_ENSURE(tile_row.numel() == tile_start.numel(), op, ": tile_row and tile_start differ in length: ",
               tile_row.numel(), " vs ", tile_start.numel());
-  TORCH_CHECK(heavy_tile_ptr.numel() == heavy_rows.numel() + 1, op,
+  GNNIO_ENSURE(heavy_tile_ptr.numel() == heavy_rows.numel() + 1, op,
               ": heavy_tile_ptr must have len(heavy_rows) + 1 = ", heavy_rows.numel() + 1, " entries, got ",
               heavy_tile_ptr.numel());
   return RowSchedule{indptr.data_ptr<int64_t>(),     tile_row.data_ptr<int64_t>(), tile_start.data_ptr<int64_t>(),
@@ -239,11 +325,25 @@ inline RowSchedule row_schedule(const char* op, const at::Tensor& indptr, int64_
                      tile_row.numel(),               heavy_rows.numel(),            tile_edges};
 }
 
+// Host side: the optional light-row order of a subwarp op (int64 [L], L <=
+// num_rows, on x's device), or natural order.
+inline LightRows light_rows(const char* op, const std::optional<at::Tensor>& row_order, const at::Tensor& x,
+                            int64_t num_rows) {
+  if (!row_order.has_value()) return LightRows{nullptr, num_rows};
+  const at::Tensor& rows = *row_order;
+  GNNIO_ENSURE(rows.device() == x.device(), op, ": row_order is on ", rows.device(), " but x is on ", x.device());
+  GNNIO_ENSURE(rows.scalar_type() == at::kLong, op, ": row_order must be int64, got ", rows.scalar_type());
+  GNNIO_ENSURE(rows.dim() == 1 && rows.is_contiguous() && rows.numel() <= num_rows, op,
+              ": row_order must be a contiguous 1-d tensor of at most num_rows = ", num_rows,
+              " rows, got shape ", rows.sizes());
+  return LightRows{rows.data_ptr<int64_t>(), rows.numel()};
+}
+
 // Check the feature matrix [rows, width]: CUDA, contiguous, 2-d.
 inline void check_features(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must have 2 dims [N, F], got shape ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
+  GNNIO_ENSURE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
+  GNNIO_ENSURE(t.dim() == 2, op, ": ", name, " must have 2 dims [N, F], got shape ", t.sizes());
+  GNNIO_ENSURE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
 }
 
 // Check a per-slot (or per-row) 1-d array on x's device with `numel` entries.

@@ -23,6 +23,17 @@ TORCH_LIBRARY(gnnio, m) {
       "segment_sum(Tensor indptr, Tensor indices, Tensor? values, Tensor x, int num_rows, "
       "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges) -> Tensor");
 
+  // segment_sum for fp16/bf16 x of at most 128 features, a multiple of 8, 16-byte
+  // aligned: the same result up to summation order (fp32, rounded once, also
+  // deterministic), with each light row given a group of F / 8 lanes, so one
+  // warp sums several rows at once. row_order: int64 [L], every light row (at
+  // most tile_edges slots) once, in the order the warps take them (e.g. by
+  // descending degree); None: row order.
+  m.def(
+      "segment_sum_subwarp(Tensor indptr, Tensor indices, Tensor? values, Tensor x, int num_rows, "
+      "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "
+      "Tensor? row_order) -> Tensor");
+
   // cuSPARSE SpMM (CSR, fp32 compute): out[r] = sum_k values[k] * x[indices[k]].
   // indptr and indices share one index dtype (int32 or int64); values has x's
   // dtype. workspace: a uint8 buffer of at least cusparse_spmm_buffer_size bytes.

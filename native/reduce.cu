@@ -178,6 +178,64 @@ struct PairMath {
   __device__ __forceinline__ static uint32_t bits(Pair a) { return *reinterpret_cast<const uint32_t*>(&a); }
 };
 
+// One slot (at 16-bit `position` from the scan's first slot) met by the
+// packed running maxima: 8 features as 4 pairs.
+template <typename scalar_t>
+__device__ __forceinline__ void packed_take(const Vec<uint32_t, 4>& row, uint32_t position, uint32_t flip,
+                                            uint32_t (&best_pair)[4], uint32_t (&position_pair)[4]) {
+  using Math = PairMath<scalar_t>;
+  const uint32_t positions = position * 0x00010001u;
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t value = Math::plus_zero(row.v[p] ^ flip);
+    const uint32_t merged = Math::max_nan(best_pair[p], value);
+    const uint32_t changed = __vcmpne2(merged, best_pair[p]);
+    position_pair[p] = (positions & changed) | (position_pair[p] & ~changed);
+    best_pair[p] = merged;
+  }
+}
+
+// One step's slots met by the packed maxima: source[u] (-1: none) at scan
+// position first_position + u * position_stride. All loads are issued
+// before any is used.
+template <typename scalar_t>
+__device__ __forceinline__ void packed_step(const int64_t (&source)[kForwardUnroll], uint32_t first_position,
+                                            int position_stride, const scalar_t* __restrict__ x, int64_t width,
+                                            int64_t column, uint32_t flip, uint32_t (&best_pair)[4],
+                                            uint32_t (&position_pair)[4]) {
+  Vec<uint32_t, 4> row[kForwardUnroll];
+#pragma unroll
+  for (int u = 0; u < kForwardUnroll; ++u) {
+    if (source[u] >= 0) {
+      row[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(x + source[u] * width + column));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kForwardUnroll; ++u) {
+    if (source[u] < 0) continue;
+    packed_take<scalar_t>(row[u], first_position + u * position_stride, flip, best_pair, position_pair);
+  }
+}
+
+// The packed maxima as fp32 winners with row positions: scan positions plus
+// `scan_offset`; where only -inf (or nothing) was met, `first_position` (the
+// scanner's first slot, the earliest of its equal values) if `has_first`.
+template <typename scalar_t>
+__device__ __forceinline__ void unpack_winners(const uint32_t (&best_pair)[4], const uint32_t (&position_pair)[4],
+                                               int64_t scan_offset, int64_t first_position, bool has_first,
+                                               float (&best)[8], int32_t (&best_position)[8]) {
+  using Math = PairMath<scalar_t>;
+#pragma unroll
+  for (int v = 0; v < 8; ++v) {
+    const uint32_t packed = best_pair[v / 2];
+    best[v] = v % 2 == 0 ? Math::low(packed) : Math::high(packed);
+    const uint32_t position = (position_pair[v / 2] >> (16 * (v % 2))) & 0xffffu;
+    best_position[v] = position != 0xffffu ? static_cast<int32_t>(scan_offset + position)
+                       : has_first         ? static_cast<int32_t>(first_position)
+                                           : kNoWinner;
+  }
+}
+
 template <typename scalar_t>
 __device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexView indices,
                                                   const scalar_t* __restrict__ x, int64_t width, int64_t column,
@@ -201,59 +259,32 @@ __device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexVie
     for (int step = 0; step < count; step += groups * kForwardUnroll) {
       int64_t source[kForwardUnroll];
       step_sources(my_source, step, count, groups, group, active, source);
-      Vec<uint32_t, 4> row[kForwardUnroll];
-#pragma unroll
-      for (int u = 0; u < kForwardUnroll; ++u) {
-        if (source[u] >= 0) {
-          row[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(x + source[u] * width + column));
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kForwardUnroll; ++u) {
-        if (source[u] < 0) continue;
-        const uint32_t position = (base_position + step + u * groups + group) * 0x00010001u;
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const uint32_t value = Math::plus_zero(row[u].v[p] ^ flip);
-          const uint32_t merged = Math::max_nan(best_pair[p], value);
-          const uint32_t changed = __vcmpne2(merged, best_pair[p]);
-          position_pair[p] = (position & changed) | (position_pair[p] & ~changed);
-          best_pair[p] = merged;
-        }
-      }
+      packed_step<scalar_t>(source, base_position + step + group, groups, x, width, column, flip, best_pair,
+                            position_pair);
     }
   }
-  const int64_t item_offset = item.begin - item.row_begin;
-  const int64_t first = item.begin + group;
-#pragma unroll
-  for (int v = 0; v < 8; ++v) {
-    const uint32_t packed = best_pair[v / 2];
-    best[v] = v % 2 == 0 ? Math::low(packed) : Math::high(packed);
-    const uint32_t position = (position_pair[v / 2] >> (16 * (v % 2))) & 0xffffu;
-    // Only -inf (or nothing) met: the group's first slot, as scan_slots.
-    best_position[v] = position != 0xffffu ? static_cast<int32_t>(item_offset + position)
-                       : first < item.end  ? static_cast<int32_t>(first - item.row_begin)
-                                           : kNoWinner;
-  }
+  unpack_winners<scalar_t>(best_pair, position_pair, item.begin - item.row_begin, item.begin + group - item.row_begin,
+                           item.begin + group < item.end, best, best_position);
 }
 
 // The masks of one pass (features [pass_column, pass_column + 32 * pass_words))
-// of a light row: each lane of group 0 sets its features' bits at its
-// winners' slots in a shared window, which the warp then writes out whole,
-// zeros included.
+// of a light row: each owner lane sets its features' bits at its winners'
+// slots in a shared window (`window_capacity` words), which the row's
+// `workers` lanes (this one is `worker`; `sync_mask` names them: the warp,
+// or one lane group) then write out whole, zeros included.
 template <int VEC>
 __device__ __forceinline__ void write_row_masks(const WorkItem& item, const int32_t (&best_position)[VEC],
                                                 bool owner, int64_t column, int64_t pass_column, int pass_words,
-                                                int64_t mask_words, uint32_t* __restrict__ window,
+                                                int64_t mask_words, int worker, int workers, unsigned sync_mask,
+                                                uint32_t* __restrict__ window, int window_capacity,
                                                 uint32_t* __restrict__ masks) {
-  const int lane = threadIdx.x % kWarp;
   const int slots = static_cast<int>(item.end - item.begin);
-  const int window_slots = kMaskWindowWords / pass_words;
+  const int window_slots = window_capacity / pass_words;
   const int64_t first_word = pass_column / 32;
   for (int window_begin = 0; window_begin < slots; window_begin += window_slots) {
     const int window_words = min(window_slots, slots - window_begin) * pass_words;
-    for (int i = lane; i < window_words; i += kWarp) window[i] = 0u;
-    __syncwarp();
+    for (int i = worker; i < window_words; i += workers) window[i] = 0u;
+    __syncwarp(sync_mask);
     if (owner) {
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
@@ -264,12 +295,12 @@ __device__ __forceinline__ void write_row_masks(const WorkItem& item, const int3
         }
       }
     }
-    __syncwarp();
-    for (int i = lane; i < window_words; i += kWarp) {
+    __syncwarp(sync_mask);
+    for (int i = worker; i < window_words; i += workers) {
       const int64_t slot = item.begin + window_begin + i / pass_words;
       masks[slot * mask_words + first_word + i % pass_words] = window[i];
     }
-    __syncwarp();
+    __syncwarp(sync_mask);
   }
 }
 
@@ -323,7 +354,8 @@ __device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView in
         }
         store_vec<scalar_t, VEC>(out + item.row * width + column, result);
       }
-      write_row_masks<VEC>(item, best_position, owner, column, pass_column, pass_words, mask_words, window, masks);
+      write_row_masks<VEC>(item, best_position, owner, column, pass_column, pass_words, mask_words, lane, kWarp,
+                           kFullMask, window, kMaskWindowWords, masks);
     } else {
       if (owner) {
 #pragma unroll
@@ -359,6 +391,107 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
                                  partial_positions);
     }
   });
+}
+
+// ------------------------------------------------------------ subwarp
+// 16-bit rows of at most 128 features, 8 per lane: a light row needs only
+// F / 8 lanes (16 at 128). extremum_item gives the warp's other lane groups
+// further edges of the same row; this variant gives each lane group a row of
+// its own, so a warp runs 32 / lanes rows' dependent latency chains (bounds
+// -> indices -> features -> masks) at once. A group scans its row's slots in
+// ascending order with the packed compare, so its winners (the earliest slot
+// of the largest value, NaN largest) and masks equal extremum_item's.
+template <typename scalar_t>
+__device__ __forceinline__ void extremum_row_in_group(const WorkItem& item, const LaneGroups& groups, IndexView indices,
+                                                      const scalar_t* __restrict__ x, int64_t width, float sign,
+                                                      scalar_t* __restrict__ out, uint32_t* __restrict__ masks,
+                                                      int64_t mask_words, uint32_t* __restrict__ window,
+                                                      int window_capacity) {
+  using Math = PairMath<scalar_t>;
+  const int lanes = groups.lanes;
+  const int group_lane = groups.group_lane;
+  const int64_t column = static_cast<int64_t>(group_lane) * kSubwarpVec;
+  const bool active = column < width;
+  const uint32_t flip = sign < 0.f ? 0x80008000u : 0u;
+  uint32_t best_pair[4];
+  uint32_t position_pair[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    best_pair[p] = Math::kMinusInfinityPair;
+    position_pair[p] = 0xffffffffu;
+  }
+  // As csr-subwarp's sum: a group at least as wide as the unroll shares a
+  // batch of `lanes` indices by shuffles; a narrower one reads each step's
+  // slots directly (the same addresses in every lane: broadcast loads).
+  const bool shared = lanes >= kForwardUnroll;
+  const int batch = shared ? lanes : kForwardUnroll;
+  for (int64_t base = item.begin; base < item.end; base += batch) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(batch), item.end - base));
+    const int64_t my_source = shared && group_lane < count ? indices[base + group_lane] : 0;
+    const uint32_t base_position = static_cast<uint32_t>(base - item.begin);
+    for (int step = 0; step < count; step += kForwardUnroll) {
+      int64_t source[kForwardUnroll];
+#pragma unroll
+      for (int u = 0; u < kForwardUnroll; ++u) {
+        const int slot = step + u;
+        if (shared) {
+          source[u] = __shfl_sync(groups.mask, my_source, slot % lanes, lanes);
+        } else {
+          source[u] = slot < count ? indices[base + slot] : 0;
+        }
+        if (slot >= count || !active) source[u] = -1;
+      }
+      packed_step<scalar_t>(source, base_position + step, 1, x, width, column, flip, best_pair, position_pair);
+    }
+  }
+  float best[kSubwarpVec];
+  int32_t best_position[kSubwarpVec];
+  unpack_winners<scalar_t>(best_pair, position_pair, 0, 0, item.end > item.begin, best, best_position);
+  if (active) {
+    Vec<scalar_t, kSubwarpVec> result;
+#pragma unroll
+    for (int v = 0; v < kSubwarpVec; ++v) {
+      // An empty row has no winner: 0, as PyG.
+      result.v[v] = static_cast<scalar_t>(best_position[v] == kNoWinner ? 0.f : sign * best[v]);
+    }
+    store_vec<scalar_t, kSubwarpVec>(out + item.row * width + column, result);
+  }
+  // The whole row is one pass: every mask word of its slots.
+  write_row_masks<kSubwarpVec>(item, best_position, active, column, 0, static_cast<int>(mask_words), mask_words,
+                               group_lane, lanes, groups.mask, window, window_capacity, masks);
+}
+
+// Work items: heavy rows' tiles (one warp each, extremum_item), then the
+// light rows in `light`'s order, 32 / lanes per warp, one per lane group, each
+// group with its share of the warp's mask window.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
+    segment_extremum_subwarp_kernel(RowSchedule schedule, LightRows light, IndexView indices,
+                                    const scalar_t* __restrict__ x, int64_t width, float sign,
+                                    scalar_t* __restrict__ out, uint32_t* __restrict__ masks, int64_t mask_words,
+                                    float* __restrict__ partial_values, int32_t* __restrict__ partial_positions) {
+  __shared__ uint32_t windows[kWarpsPerBlock][kMaskWindowWords];
+  uint32_t* window = windows[threadIdx.x / kWarp];
+  const LaneGroups groups(width);
+  const int window_capacity = kMaskWindowWords / groups.rows_per_warp;
+  const int64_t items = subwarp_items(schedule, light, groups);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t warp = warp_index(); warp < items; warp += warps) {
+    WorkItem item;
+    if (warp < schedule.num_tiles) {
+      tile_item(schedule, warp, item);
+      extremum_item<scalar_t, kSubwarpVec>(item, indices, x, width, sign, out, masks, mask_words, window,
+                                           partial_values, partial_positions);
+      continue;
+    }
+    // A heavy row's tiles and merge pass write its output and masks.
+    if (subwarp_row(schedule, light, groups, warp, item)) {
+      extremum_row_in_group<scalar_t>(item, groups, indices, x, width, sign, out, masks, mask_words,
+                                      window + groups.group * window_capacity, window_capacity);
+    }
+    // Groups finish their rows at different times; meet before the next item.
+    __syncwarp();
+  }
 }
 
 // Second pass: one block per heavy row merges its tiles' winners. Each warp
@@ -530,12 +663,16 @@ int64_t mask_words_for(int64_t width) { return (width + 31) / 32; }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> segment_extremum_masked(const at::Tensor& indptr, const at::Tensor& indices,
-                                                           const at::Tensor& x, int64_t num_rows, bool is_min,
-                                                           const at::Tensor& tile_row, const at::Tensor& tile_start,
-                                                           const at::Tensor& heavy_rows,
-                                                           const at::Tensor& heavy_tile_ptr, int64_t tile_edges) {
-  const char* op = "gnnio::segment_extremum_masked";
+namespace {
+
+// The forward of both ops: extremum_item for every row (subwarp false) or
+// the lane-group variant for 16-bit rows of at most 128 features (true).
+std::tuple<at::Tensor, at::Tensor> extremum_forward(const char* op, bool subwarp, const at::Tensor& indptr,
+                                                    const at::Tensor& indices, const at::Tensor& x, int64_t num_rows,
+                                                    bool is_min, const at::Tensor& tile_row,
+                                                    const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+                                                    const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
+                                                    const std::optional<at::Tensor>& row_order) {
   check_features(op, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const RowSchedule schedule =
@@ -546,6 +683,16 @@ std::tuple<at::Tensor, at::Tensor> segment_extremum_masked(const at::Tensor& ind
   GNNIO_CHECK(indices.numel() < (int64_t{1} << 31), op, "rows are addressed with int32 positions; got ",
               indices.numel(), " slots");
   const int64_t width = x.size(1);
+  if (subwarp) {
+    GNNIO_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, op,
+                "x must be float16 or bfloat16 (other dtypes take segment_extremum_masked), got ", x.scalar_type());
+    GNNIO_CHECK(width > 0 && width <= kSubwarpMaxWidth && rows_vectorisable(x, width, kSubwarpVec), op,
+                "x must have a multiple of ", kSubwarpVec, " features, at most ", kSubwarpMaxWidth,
+                ", starting 16-byte aligned (others take segment_extremum_masked), got width ", width);
+    GNNIO_CHECK(tile_edges < kPackedPositionLimit, op, "the packed scan counts slots in 16 bits: tile_edges must be < ",
+                kPackedPositionLimit, ", got ", tile_edges);
+  }
+  const LightRows light = light_rows(op, row_order, x, num_rows);
   const int64_t mask_words = mask_words_for(width);
   at::Tensor out = at::empty({num_rows, width}, x.options());
   at::Tensor masks = at::empty({indices.numel(), mask_words}, x.options().dtype(at::kInt));
@@ -555,6 +702,34 @@ std::tuple<at::Tensor, at::Tensor> segment_extremum_masked(const at::Tensor& ind
   const float sign = is_min ? -1.f : 1.f;
   uint32_t* mask_data = reinterpret_cast<uint32_t*>(masks.data_ptr<int32_t>());
   auto stream = at::cuda::getCurrentCUDAStream();
+  // Heavy rows: the tiles' winners merged, after either first pass.
+  const auto merge = [&](auto zero) {
+    using scalar_t = decltype(zero);
+    if (schedule.num_heavy == 0) return;
+    const int threads = static_cast<int>(std::min<int64_t>(256, (width + 31) / 32 * 32));
+    merge_extremum_kernel<scalar_t><<<schedule.num_heavy, threads, 0, stream>>>(
+        schedule, partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>(), width, sign,
+        out.data_ptr<scalar_t>(), mask_data, mask_words);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (subwarp) {
+    // 16-bit only: two instantiations, not GNNIO_DISPATCH_FEATURES' three.
+    const auto launch = [&](auto zero) {
+      using scalar_t = decltype(zero);
+      const int64_t blocks = resident_first_pass_blocks(segment_extremum_subwarp_kernel<scalar_t>, schedule);
+      segment_extremum_subwarp_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
+          schedule, light, index_view(indices), x.data_ptr<scalar_t>(), width, sign, out.data_ptr<scalar_t>(),
+          mask_data, mask_words, partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      merge(zero);
+    };
+    if (x.scalar_type() == at::kHalf) {
+      launch(at::Half(0.f));
+    } else {
+      launch(at::BFloat16(0.f));
+    }
+    return {out, masks};
+  }
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
     // The packed 16-bit scan counts positions in 16 bits; longer items take the scalar path.
     const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
@@ -565,15 +740,28 @@ std::tuple<at::Tensor, at::Tensor> segment_extremum_masked(const at::Tensor& ind
         schedule, index_view(indices), x.data_ptr<scalar_t>(), width, vectorised, sign, out.data_ptr<scalar_t>(),
         mask_data, mask_words, partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (schedule.num_heavy > 0) {
-      const int threads = static_cast<int>(std::min<int64_t>(256, (width + 31) / 32 * 32));
-      merge_extremum_kernel<scalar_t><<<schedule.num_heavy, threads, 0, stream>>>(
-          schedule, partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>(), width, sign,
-          out.data_ptr<scalar_t>(), mask_data, mask_words);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+    merge(scalar_t(0.f));
   });
   return {out, masks};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> segment_extremum_masked(const at::Tensor& indptr, const at::Tensor& indices,
+                                                           const at::Tensor& x, int64_t num_rows, bool is_min,
+                                                           const at::Tensor& tile_row, const at::Tensor& tile_start,
+                                                           const at::Tensor& heavy_rows,
+                                                           const at::Tensor& heavy_tile_ptr, int64_t tile_edges) {
+  return extremum_forward("gnnio::segment_extremum_masked", false, indptr, indices, x, num_rows, is_min, tile_row,
+                          tile_start, heavy_rows, heavy_tile_ptr, tile_edges, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> segment_extremum_masked_subwarp(
+    const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& x, int64_t num_rows, bool is_min,
+    const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const std::optional<at::Tensor>& row_order) {
+  return extremum_forward("gnnio::segment_extremum_masked_subwarp", true, indptr, indices, x, num_rows, is_min,
+                          tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order);
 }
 
 at::Tensor segment_extremum_masked_backward(const at::Tensor& csc_indptr, const at::Tensor& csc_indices,
@@ -630,6 +818,17 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
       "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges) "
       "-> (Tensor, Tensor)");
 
+  // segment_extremum_masked for fp16/bf16 x of at most 128 features, a
+  // multiple of 8, 16-byte aligned, and tile_edges < 65,535: the same outputs
+  // and masks, bit for bit, with each light row given a group of F / 8 lanes,
+  // so one warp scans several rows at once. row_order: int64 [L], every
+  // light row (at most tile_edges slots) once, in the order the warps take
+  // them (e.g. by descending degree); None: row order.
+  m.def(
+      "segment_extremum_masked_subwarp(Tensor indptr, Tensor indices, Tensor x, int num_rows, bool is_min, "
+      "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "
+      "Tensor? row_order) -> (Tensor, Tensor)");
+
   // Gradient of segment_extremum_masked with respect to x, without atomics:
   // for each source s (a CSC row), the sum of grad_out[t, f] over its edges
   // (s, t) whose mask has bit f. csc_mask_slot int32/int64 [E]: for each CSC
@@ -642,6 +841,7 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
 
 TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
   m.impl("segment_extremum_masked", &segment_extremum_masked);
+  m.impl("segment_extremum_masked_subwarp", &segment_extremum_masked_subwarp);
   m.impl("segment_extremum_masked_backward", &segment_extremum_masked_backward);
 }
 

@@ -10,8 +10,12 @@
 // stride), so a block is not held by its one long row while the other warps
 // idle.
 //
+// segment_sum_subwarp ("csr-subwarp"): the same sum for fp16/bf16 rows of at
+// most 128 features; the spare lane groups take further rows instead of
+// further edges (see its kernel below for why).
+//
 // cusparse_spmm: the vendor SpMM (CSR, fp32 compute), the yardstick and the
-// fp32 alternative; gnnio_cli/ops/spmm.py picks between the two.
+// fp32 alternative; gnnio_cli/ops/spmm_native.py picks among the kernels.
 
 #include "common.cuh"
 
@@ -24,6 +28,31 @@ namespace {
 // independent 128-bit loads in flight per lane. 8 measured 7-20% slower than
 // 4 on rmat20 and uniform20 (H100): the extra registers cost occupancy.
 constexpr int kEdgeUnroll = 4;
+
+// acc += weight[u] * x[source[u], column : column + VEC] for the step's
+// kEdgeUnroll edges (source -1: none). All loads are issued before any is
+// used, so their latencies overlap.
+template <typename scalar_t, int VEC>
+__device__ __forceinline__ void gather_step(const int64_t (&source)[kEdgeUnroll], const float (&weight)[kEdgeUnroll],
+                                            bool active, const scalar_t* __restrict__ x, int64_t width,
+                                            int64_t column, float (&acc)[VEC]) {
+  Vec<scalar_t, VEC> row[kEdgeUnroll];
+#pragma unroll
+  for (int u = 0; u < kEdgeUnroll; ++u) {
+    if (active && source[u] >= 0) {
+      row[u] = load_vec<scalar_t, VEC>(x + source[u] * width + column);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) row[u].v[v] = scalar_t(0.f);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kEdgeUnroll; ++u) {
+    const float w = source[u] >= 0 ? weight[u] : 0.f;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[v] += w * static_cast<float>(row[u].v[v]);
+  }
+}
 
 // Sum of values[k] * x[indices[k]] over the item's slots, written as one output
 // row (scalar_t) or one fp32 partial row. VEC is the vector width of this call
@@ -62,22 +91,7 @@ __device__ __forceinline__ void sum_slots(const WorkItem& item, IndexView indice
           weight[u] = __shfl_sync(kFullMask, my_weight, slot % kWarp);
           if (slot >= count) source[u] = -1;
         }
-        Vec<scalar_t, VEC> row[kEdgeUnroll];
-#pragma unroll
-        for (int u = 0; u < kEdgeUnroll; ++u) {
-          if (active && source[u] >= 0) {
-            row[u] = load_vec<scalar_t, VEC>(x + source[u] * width + column);
-          } else {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) row[u].v[v] = scalar_t(0.f);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kEdgeUnroll; ++u) {
-          const float w = source[u] >= 0 ? weight[u] : 0.f;
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) acc[v] += w * static_cast<float>(row[u].v[v]);
-        }
+        gather_step<scalar_t, VEC>(source, weight, active, x, width, column, acc);
       }
     }
     // Lane groups that took different edges add up in a fixed order.
@@ -113,6 +127,99 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   });
 }
 
+// ------------------------------------------------------------ csr-subwarp
+// A 16-bit row of at most 128 features is at most 16 lanes of 128-bit loads.
+// csr-vec gives the warp's spare lane groups further edges of the same row;
+// on rmat20 that left bf16 only 1.16x faster than fp32, because a light row
+// costs a chain of dependent latencies (row bounds -> indices -> features ->
+// store) that halving the bytes does not shorten. Here each lane group takes
+// a row of its own instead: a warp runs 32 / lanes rows' chains at once (2 at
+// 128 features, 4 at 64, 32 at 8) with the same loads in flight per lane.
+// Heavy rows' tiles are long, so they keep csr-vec's whole-warp scheme.
+constexpr int kSubwarpMinBlocksPerSm = 4;
+
+// One light row summed by this lane's group, in slot order, fp32, rounded
+// once. No lane leaves early: the group shuffles.
+template <typename scalar_t>
+__device__ __forceinline__ void sum_row_in_group(const WorkItem& item, const LaneGroups& groups, IndexView indices,
+                                                 const float* __restrict__ values, const scalar_t* __restrict__ x,
+                                                 int64_t width, scalar_t* __restrict__ out) {
+  constexpr int VEC = kSubwarpVec;
+  const int lanes = groups.lanes;
+  const int group_lane = groups.group_lane;
+  const int64_t column = static_cast<int64_t>(group_lane) * VEC;
+  const bool active = column < width;
+  float acc[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
+  // A group at least as wide as the unroll reads a batch of `lanes` indices
+  // and weights at once (one latency) and shares them by shuffles; a narrower
+  // one (8 or 16 features) reads each step's few slots directly, every lane
+  // the same addresses (one broadcast load each).
+  const bool shared = lanes >= kEdgeUnroll;
+  const int batch = shared ? lanes : kEdgeUnroll;
+  for (int64_t base = item.begin; base < item.end; base += batch) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(batch), item.end - base));
+    int64_t my_source = 0;
+    float my_weight = 0.f;
+    if (shared && group_lane < count) {
+      my_source = indices[base + group_lane];
+      my_weight = values != nullptr ? values[base + group_lane] : 1.f;
+    }
+    for (int step = 0; step < count; step += kEdgeUnroll) {
+      int64_t source[kEdgeUnroll];
+      float weight[kEdgeUnroll];
+#pragma unroll
+      for (int u = 0; u < kEdgeUnroll; ++u) {
+        const int slot = step + u;
+        if (shared) {
+          source[u] = __shfl_sync(groups.mask, my_source, slot % lanes, lanes);
+          weight[u] = __shfl_sync(groups.mask, my_weight, slot % lanes, lanes);
+        } else {
+          source[u] = slot < count ? indices[base + slot] : 0;
+          weight[u] = slot < count && values != nullptr ? values[base + slot] : 1.f;
+        }
+        if (slot >= count) source[u] = -1;
+      }
+      gather_step<scalar_t, VEC>(source, weight, active, x, width, column, acc);
+    }
+  }
+  if (active) {
+    Vec<scalar_t, VEC> result;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) result.v[v] = static_cast<scalar_t>(acc[v]);
+    store_vec<scalar_t, VEC>(out + item.row * width + column, result);
+  }
+}
+
+// Work items: the heavy rows' tiles (one warp each, as csr-vec), then the
+// light rows in `light`'s order, 32 / lanes per warp, one per lane group.
+// At most 64 registers (4 blocks of 8 warps per SM, csr-vec's occupancy):
+// left alone, the fp16 instantiation took 70, one block less, and this
+// kernel exists to keep more rows in flight.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kSubwarpMinBlocksPerSm)
+    segment_sum_subwarp_kernel(RowSchedule schedule, LightRows light, IndexView indices,
+                               const float* __restrict__ values, const scalar_t* __restrict__ x, int64_t width,
+                               scalar_t* __restrict__ out, float* __restrict__ partials) {
+  const LaneGroups groups(width);
+  const int64_t items = subwarp_items(schedule, light, groups);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t warp = warp_index(); warp < items; warp += warps) {
+    WorkItem item;
+    if (warp < schedule.num_tiles) {
+      tile_item(schedule, warp, item);
+      sum_slots<scalar_t, kSubwarpVec>(item, indices, values, x, width, out, partials);
+      continue;
+    }
+    if (subwarp_row(schedule, light, groups, warp, item)) {
+      sum_row_in_group<scalar_t>(item, groups, indices, values, x, width, out);
+    }
+    // Groups finish their rows at different times; meet before the next item.
+    __syncwarp();
+  }
+}
+
 }  // namespace
 
 // Second pass, shared with the max/min backward: each block merges one heavy
@@ -143,11 +250,15 @@ void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials,
   });
 }
 
-at::Tensor segment_sum(const at::Tensor& indptr, const at::Tensor& indices, const std::optional<at::Tensor>& values,
-                       const at::Tensor& x, int64_t num_rows, const at::Tensor& tile_row,
-                       const at::Tensor& tile_start, const at::Tensor& heavy_rows, const at::Tensor& heavy_tile_ptr,
-                       int64_t tile_edges) {
-  const char* op = "gnnio::segment_sum";
+namespace {
+
+// Both ops: segment_sum_kernel for every input (subwarp false) or the
+// lane-group kernel for 16-bit rows of at most 128 features (true).
+at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, const at::Tensor& indices,
+                       const std::optional<at::Tensor>& values, const at::Tensor& x, int64_t num_rows,
+                       const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+                       const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
+                       const std::optional<at::Tensor>& row_order) {
   check_features(op, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const RowSchedule schedule =
@@ -160,21 +271,66 @@ at::Tensor segment_sum(const at::Tensor& indptr, const at::Tensor& indices, cons
     check_array(op, "values", *values, x, indices.numel());
   }
   const int64_t width = x.size(1);
+  if (subwarp) {
+    GNNIO_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, op,
+                "x must be float16 or bfloat16 (other dtypes take segment_sum), got ", x.scalar_type());
+    GNNIO_CHECK(width > 0 && width <= kSubwarpMaxWidth && rows_vectorisable(x, width, kSubwarpVec), op,
+                "x must have a multiple of ", kSubwarpVec, " features, at most ", kSubwarpMaxWidth,
+                ", starting 16-byte aligned (others take segment_sum), got width ", width);
+  }
+  const LightRows light = light_rows(op, row_order, x, num_rows);
   at::Tensor out = at::empty({num_rows, width}, x.options());
   if (num_rows == 0 || width == 0) return out;
   at::Tensor partials = at::empty({schedule.num_tiles, width}, x.options().dtype(at::kFloat));
+  const float* value_data = values.has_value() ? values->data_ptr<float>() : nullptr;
   auto stream = at::cuda::getCurrentCUDAStream();
-  GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
-    const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
-                            rows_vectorisable(out, width, vec_width<scalar_t>());
-    const int64_t blocks = resident_first_pass_blocks(segment_sum_kernel<scalar_t>, schedule);
-    segment_sum_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
-        schedule, index_view(indices), values.has_value() ? values->data_ptr<float>() : nullptr,
-        x.data_ptr<scalar_t>(), width, vectorised, out.data_ptr<scalar_t>(), partials.data_ptr<float>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  if (subwarp) {
+    // 16-bit only: two instantiations, not GNNIO_DISPATCH_FEATURES' three.
+    const auto launch = [&](auto zero) {
+      using scalar_t = decltype(zero);
+      const int64_t blocks = resident_first_pass_blocks(segment_sum_subwarp_kernel<scalar_t>, schedule);
+      segment_sum_subwarp_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
+          schedule, light, index_view(indices), value_data, x.data_ptr<scalar_t>(), width,
+          out.data_ptr<scalar_t>(), partials.data_ptr<float>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (x.scalar_type() == at::kHalf) {
+      launch(at::Half(0.f));
+    } else {
+      launch(at::BFloat16(0.f));
+    }
+  } else {
+    GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
+      const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
+                              rows_vectorisable(out, width, vec_width<scalar_t>());
+      const int64_t blocks = resident_first_pass_blocks(segment_sum_kernel<scalar_t>, schedule);
+      segment_sum_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
+          schedule, index_view(indices), value_data, x.data_ptr<scalar_t>(), width, vectorised,
+          out.data_ptr<scalar_t>(), partials.data_ptr<float>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  }
   merge_partial_sums(schedule, partials, out);
   return out;
+}
+
+}  // namespace
+
+at::Tensor segment_sum(const at::Tensor& indptr, const at::Tensor& indices, const std::optional<at::Tensor>& values,
+                       const at::Tensor& x, int64_t num_rows, const at::Tensor& tile_row,
+                       const at::Tensor& tile_start, const at::Tensor& heavy_rows, const at::Tensor& heavy_tile_ptr,
+                       int64_t tile_edges) {
+  return sum_forward("gnnio::segment_sum", false, indptr, indices, values, x, num_rows, tile_row, tile_start,
+                     heavy_rows, heavy_tile_ptr, tile_edges, std::nullopt);
+}
+
+at::Tensor segment_sum_subwarp(const at::Tensor& indptr, const at::Tensor& indices,
+                               const std::optional<at::Tensor>& values, const at::Tensor& x, int64_t num_rows,
+                               const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+                               const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
+                               const std::optional<at::Tensor>& row_order) {
+  return sum_forward("gnnio::segment_sum_subwarp", true, indptr, indices, values, x, num_rows, tile_row, tile_start,
+                     heavy_rows, heavy_tile_ptr, tile_edges, row_order);
 }
 
 // ------------------------------------------------------------------ cuSPARSE
@@ -183,7 +339,7 @@ namespace {
 #define GNNIO_CUSPARSE_CHECK(op, call)                                                                  \
   do {                                                                                                  \
     const cusparseStatus_t status = (call);                                                             \
-    TORCH_CHECK(status == CUSPARSE_STATUS_SUCCESS, op, ": cuSPARSE call ", #call, " failed: ",          \
+    GNNIO_ENSURE(status == CUSPARSE_STATUS_SUCCESS, op, ": cuSPARSE call ", #call, " failed: ",          \
                 cusparseGetErrorString(status));                                                        \
   } while (0)
 
@@ -196,7 +352,7 @@ cudaDataType cuda_data_type(const char* op, at::ScalarType dtype) {
     case at::kBFloat16:
       return CUDA_R_16BF;
     default:
-      TORCH_CHECK(false, op, ": features must be float32, float16 or bfloat16, got ", dtype);
+      GNNIO_ENSURE(false, op, ": features must be float32, float16 or bfloat16, got ", dtype);
   }
 }
 
@@ -297,6 +453,7 @@ at::Tensor cusparse_spmm(const at::Tensor& indptr, const at::Tensor& indices, co
 
 TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
   m.impl("segment_sum", &segment_sum);
+  m.impl("segment_sum_subwarp", &segment_sum_subwarp);
   m.impl("cusparse_spmm", &cusparse_spmm);
   m.impl("cusparse_spmm_buffer_size", &cusparse_spmm_buffer_size);
 }

@@ -306,3 +306,133 @@ def test_every_schedule_candidate_computes_the_same_function():
         assert relative_error(out, chosen_out) <= FP32_TOLERANCE, tile_edges
         for name in grads:
             assert relative_error(grads[name], chosen_grads[name]) <= 10 * FP32_TOLERANCE, (tile_edges, name)
+
+
+# ------------------------------------------------------ AGNN (Cosine kind)
+def agnn_rows(num_nodes, channels, dtype, *, seed, special=True):
+    """[N, C] random rows on the GPU; with `special`: row 0 zero, 1 of norm 5e-13 (under
+    F.normalize's floor of 1e-12), 2 of norm 3e-12 (just above it), 3 of norm 1e4. Their
+    gradients reach 1e12, beyond fp16, so the 16-bit tests use ordinary rows only."""
+    x = randn(num_nodes, channels, generator=torch.Generator().manual_seed(seed))
+    if special:
+        x[0] = 0.0
+        for row, norm in ((1, 5e-13), (2, 3e-12), (3, 1e4)):
+            x[row] = x[row] / torch.linalg.vector_norm(x[row]) * norm
+    return x.to(device="cuda", dtype=dtype).requires_grad_()
+
+
+def agnn_forward_backward(graph, x_src, x_dst, beta, backend, grad_out):
+    """out and the gradients of the distinct leaves among (x_src, x_dst, beta)."""
+    leaves = [x_src, beta] if x_dst is x_src else [x_src, x_dst, beta]
+    with dispatch.use_backend(backend):
+        dispatch.reset()
+        out = attention_ops.agnn_attention(graph, x_src, x_dst, beta)
+        ran = dispatch.ran()["agnn_attention"]
+    assert ran.startswith("fused") == (backend == "native"), ran
+    return out, torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+
+
+def agnn_case(graph, channels, dtype, *, shared, seed, special=True):
+    """(x_src, x_dst, beta) leaves, x_dst the same tensor as x_src when `shared`."""
+    x_src = agnn_rows(graph.num_src_nodes, channels, dtype, seed=seed, special=special)
+    x_dst = x_src if shared else agnn_rows(graph.num_dst_nodes, channels, dtype, seed=seed + 1, special=special)
+    beta = torch.tensor([-0.8 if seed % 2 else 1.3], device="cuda", requires_grad=True)
+    return x_src, x_dst, beta
+
+
+def upcast_case(x_src, x_dst, beta, dtype=torch.float64):
+    new_src = x_src.detach().to(dtype).requires_grad_()
+    new_dst = new_src if x_dst is x_src else x_dst.detach().to(dtype).requires_grad_()
+    return new_src, new_dst, beta.detach().to(dtype).requires_grad_()
+
+
+def assert_rows_within(actual, expected, tolerance, what, floor=None):
+    """Row by row relative error, max |a - e| / max(max |e|, floor) of each row: rows under the
+    norm floor have gradients of order 1e12, which would hide every other row's error behind one
+    global scale. The floor (default: 1e-3 x the largest value of the ordinary rows, 4 on) judges
+    rows that are 0 in exact arithmetic, as scaled_error does for a whole tensor."""
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if floor is None:
+        floor = max(1e-3 * expected[4:].abs().max().item(), 1e-30) if expected.shape[0] > 4 else 1e-3
+    difference = (actual - expected).abs().reshape(expected.shape[0], -1).amax(1)
+    scale = expected.abs().reshape(expected.shape[0], -1).amax(1).clamp_min(floor)
+    errors = difference / scale
+    worst = int(errors.argmax()) if errors.numel() else 0
+    assert errors.numel() == 0 or errors[worst] <= tolerance, f"{what} row {worst}: relative error {errors[worst]:.3g}"
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["x_dst-is-x_src", "separate"])
+@pytest.mark.parametrize("channels", [1, 7, 33, 128, 130])
+def test_agnn_unit_rows_match_fp64_reference(channels, shared):
+    """The Cosine kind (one unit row and one norm per edge) on zero, tiny and large rows, fp32 vs fp64."""
+    graph = small_graph().to("cuda")
+    x_src, x_dst, beta = agnn_case(graph, channels, torch.float32, shared=shared, seed=channels)
+    grad_out = randn(graph.num_dst_nodes, channels, generator=torch.Generator().manual_seed(3)).cuda()
+    out, grads = agnn_forward_backward(graph, x_src, x_dst, beta, "native", grad_out)
+    ref_out, ref_grads = agnn_forward_backward(graph, *upcast_case(x_src, x_dst, beta), "reference", grad_out.double())
+    assert_rows_within(out, ref_out, FP32_TOLERANCE, "out")
+    for index, (grad, ref) in enumerate(zip(grads, ref_grads)):
+        assert grad.shape == ref.shape and torch.isfinite(grad).all(), index
+        if ref.dim() == 1:  # beta
+            assert relative_error(grad, ref) <= 10 * FP32_TOLERANCE, f"grad beta {grad} vs {ref}"
+        else:
+            # With one channel, (g - <g, u> u) / |x| is 0 in exact arithmetic and fp32 rounding of
+            # order 1e-7 |g| / |x| elsewhere: for row 2 (|x| = 3e-12) that noise outweighs the
+            # true gradient, in fp32 PyTorch as much as in the kernel. Wider rows keep a tangential
+            # part of the same size as the noise's scale, so every row is checked there.
+            floor = None
+            if channels == 1:
+                grad, ref = torch.cat([grad[:2], grad[3:]]), torch.cat([ref[:2], ref[3:]])
+                if index == 1:
+                    # x_dst only feeds the cosine, whose unit row is +-1 for any one-channel x: its exact
+                    # gradient is 0 and both results are rounding noise, judged on x_src's gradient scale.
+                    floor = ref_grads[0].abs().max().item()
+            assert_rows_within(grad, ref, 10 * FP32_TOLERANCE, f"grad {index}", floor=floor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shared", [True, False], ids=["x_dst-is-x_src", "separate"])
+@pytest.mark.parametrize("channels", [7, 33, 128])
+def test_agnn_unit_rows_16bit_within_twice_torch_error(channels, shared, dtype):
+    """16-bit unit rows and messages (norm * unit row, the norm kept in fp32) against PyTorch at 16 bits."""
+    graph = small_graph().to("cuda")
+    x_src, x_dst, beta = agnn_case(graph, channels, dtype, shared=shared, seed=channels + 50, special=False)
+    grad_out = randn(graph.num_dst_nodes, channels, generator=torch.Generator().manual_seed(4)).cuda()
+    out, grads = agnn_forward_backward(graph, x_src, x_dst, beta, "native", grad_out)
+    torch_out, torch_grads = agnn_forward_backward(graph, *upcast_case(x_src, x_dst, beta, dtype), "reference", grad_out)
+    oracle_out, oracle_grads = agnn_forward_backward(graph, *upcast_case(x_src, x_dst, beta), "reference", grad_out.double())
+    assert out.dtype == dtype
+    assert_within_torch_error(out, oracle_out, torch_out)
+    for grad, oracle, plain in zip(grads, oracle_grads, torch_grads):
+        assert_within_torch_error(grad, oracle, plain)
+
+
+def test_agnn_hub_row_tiles():
+    """A target of in-degree 150,000, cut into tiles: the tiles' d beta shares and the beta-scaled
+    d u_dst are finished by finish_target_tiles_kernel; both sharing cases, fp32 vs fp64."""
+    graph = random_graph(3000, 30000, hub_degree=150_000, num_dst_nodes=3000, seed=8).to("cuda")
+    assert attention_native.row_schedule(graph, "csr").heavy_rows.numel() > 0
+    for shared in (True, False):
+        x_src, x_dst, beta = agnn_case(graph, 32, torch.float32, shared=shared, seed=60 + shared)
+        grad_out = randn(graph.num_dst_nodes, 32, generator=torch.Generator().manual_seed(6)).cuda()
+        out, grads = agnn_forward_backward(graph, x_src, x_dst, beta, "native", grad_out)
+        ref_out, ref_grads = agnn_forward_backward(graph, *upcast_case(x_src, x_dst, beta), "reference", grad_out.double())
+        assert_rows_within(out, ref_out, FP32_TOLERANCE, "out")
+        assert relative_error(grads[-1], ref_grads[-1]) <= 10 * FP32_TOLERANCE, "grad beta"
+        for grad, ref in zip(grads[:-1], ref_grads[:-1]):
+            assert_rows_within(grad, ref, 10 * FP32_TOLERANCE, "grad x")
+
+
+def test_agnn_row_norms_and_unit_rows_backward_match_f_normalize():
+    """attention_row_norms and the unit rows' backward alone, against F.normalize's autograd in fp64."""
+    x = agnn_rows(200, 33, torch.float32, seed=70).detach().reshape(200, 1, 33)
+    norm = torch.ops.gnnio.attention_row_norms(x)
+    x64 = x.double().requires_grad_()
+    expected = torch.nn.functional.normalize(x64, p=2.0, dim=-1)
+    assert norm.dtype == torch.float32 and norm.shape == (200, 1)
+    assert relative_error(norm, torch.linalg.vector_norm(x64, dim=-1)) <= 1e-6
+    grad = randn(200, 1, 33, generator=torch.Generator().manual_seed(71)).cuda()
+    direct = randn(200, 1, 33, generator=torch.Generator().manual_seed(72)).cuda()
+    grad_x = torch.ops.gnnio.attention_unit_rows_backward(x, norm, grad, None, direct)
+    expected_x = torch.autograd.grad(expected, x64, grad.double())[0] + direct.double()
+    assert_rows_within(grad_x, expected_x, 1e-5, "grad x", floor=1e-30)

@@ -16,7 +16,7 @@ import torch
 
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import aggregate, dispatch
-from gnnio_cli.ops import reduce_native
+from gnnio_cli.ops import reduce_native, spmm_native
 from gnnio_cli.ops.reduce import extremum_winners
 from testing import named_test_graph, DTYPES, poison_cuda_cache, randn, relative_error
 
@@ -26,6 +26,9 @@ pytestmark = [
 ]
 
 WIDTHS = (1, 3, 32, 33, 128, 130, 256)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+# The subwarp kernel's widths: multiples of 8 up to 128 (1 to 16 lanes per row), 120 leaving a lane idle.
+SUBWARP_WIDTHS = (8, 16, 64, 120, 128)
 GRAD_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
@@ -135,7 +138,7 @@ def test_sum_and_mean_run_the_spmm_kernels(reduce, dtype):
     graph = graph_named("hub")
     x = randn(graph.num_src_nodes, 64, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(24))
     (out, grad), (oracle, oracle_grad), ran = native_and_oracle(graph, x, reduce, seed=25)
-    assert ran["aggregate"] in ("csr-vec", "cusparse")
+    assert ran["aggregate"] in spmm_native.KERNELS
     tolerance = 1e-4 if dtype == torch.float32 else 1e-2
     assert relative_error(out, oracle) <= tolerance and relative_error(grad, oracle_grad) <= tolerance
 
@@ -256,3 +259,131 @@ def test_rows_of_infinities_pick_their_smallest_source(width, dtype, reduce):
     (out, grad), (oracle, oracle_grad), _ = native_and_oracle(graph, x, reduce, seed=36)
     assert torch.equal(out.double(), oracle.detach())
     assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
+
+
+SUBWARP_KERNELS = ("subwarp", "subwarp-sorted")
+
+
+def extremum_ops(graph: Graph, x: torch.Tensor, is_min: bool, by_degree: bool):
+    """(out, masks) of the warp kernel and of the subwarp kernel (light rows in row order, or by descending
+    degree) on the same sorted rows and schedule."""
+    from gnnio_cli.ops.attention_native import row_order, row_schedule
+
+    schedule = row_schedule(graph, "csr")
+    args = (graph.csr_indptr, reduce_native.sorted_rows(graph).indices, x, graph.num_dst_nodes, is_min,
+            *schedule.args())
+    rows = row_order(graph, "csr", schedule).rows if by_degree else None
+    return (torch.ops.gnnio.segment_extremum_masked(*args),
+            torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows))
+
+
+def hard_16bit_values(graph: Graph, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Few distinct values (most (row, feature) pairs tie), with signed zeros, infinities and NaNs sprinkled in."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-2, 3, (graph.num_src_nodes, width), generator=gen).to(dtype)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan")], dtype=dtype)
+    where = torch.rand(graph.num_src_nodes, width, generator=gen) < 0.05
+    x[where] = specials[torch.randint(0, specials.numel(), (int(where.sum()),), generator=gen)]
+    return x.to("cuda")
+
+
+@pytest.mark.parametrize("by_degree", [False, True])
+@pytest.mark.parametrize("graph_name", ["ladder", "hub", "many-rows", "bipartite"])
+@pytest.mark.parametrize("width", SUBWARP_WIDTHS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("is_min", [False, True])
+def test_subwarp_forward_equals_warp_forward_bit_for_bit(by_degree, graph_name, width, dtype, is_min):
+    """The subwarp kernel's outputs and per-edge masks are the warp kernel's, ties, NaN, +-0 and +-inf included,
+    on rows of every small degree, both sides of the tile cut and a 100k hub."""
+    graph = graph_named(graph_name)
+    x = hard_16bit_values(graph, width, dtype, seed=50 + width)
+    (out, masks), (sub_out, sub_masks) = extremum_ops(graph, x, is_min, by_degree)
+    assert torch.equal(torch.isnan(out), torch.isnan(sub_out))
+    assert torch.equal(out.nan_to_num(0.0), sub_out.nan_to_num(0.0))
+    assert torch.equal(masks, sub_masks), "the subwarp kernel must mark exactly the warp kernel's winners"
+
+
+@pytest.mark.parametrize("kernel", SUBWARP_KERNELS)
+@pytest.mark.parametrize("graph_name", ["ladder", "many-rows", "small-int64", "bipartite"])
+@pytest.mark.parametrize("width", SUBWARP_WIDTHS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_subwarp_extremum_matches_reference(monkeypatch, kernel, graph_name, width, dtype, reduce):
+    monkeypatch.setenv("GNNIO_EXTREMUM_KERNEL", kernel)
+    graph = graph_named(graph_name)
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(width))
+    (out, grad), (oracle, oracle_grad), ran = native_and_oracle(graph, x, reduce, seed=width + 5)
+    assert ran["aggregate"].startswith(f"degree-aware {kernel} ")
+    assert not torch.isnan(out).any() and not torch.isnan(grad).any()
+    assert torch.equal(out.double(), oracle.detach()), "max/min must pick exactly the reference's values"
+    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("kernel", SUBWARP_KERNELS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_subwarp_ties_go_to_the_smallest_source(monkeypatch, kernel, dtype, reduce):
+    monkeypatch.setenv("GNNIO_EXTREMUM_KERNEL", kernel)
+    graph = graph_named("ladder")
+    gen = torch.Generator().manual_seed(51)
+    x = torch.randint(-2, 3, (graph.num_src_nodes, 128), generator=gen).to(device="cuda", dtype=dtype)
+    (out, grad), (oracle, oracle_grad), ran = native_and_oracle(graph, x, reduce, seed=52)
+    assert ran["aggregate"].startswith(f"degree-aware {kernel} ")
+    assert torch.equal(out.double(), oracle.detach())
+    assert relative_error(grad, oracle_grad) <= GRAD_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype, width", [(torch.float32, 128), (torch.bfloat16, 130), (torch.float16, 136)])
+def test_subwarp_extremum_falls_back_where_it_cannot_run(monkeypatch, dtype, width):
+    monkeypatch.setenv("GNNIO_EXTREMUM_KERNEL", "subwarp")
+    graph = graph_named("small")
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(53))
+    dispatch.reset()
+    with dispatch.use_backend("native"):
+        aggregate(graph, x, "max")
+    assert "subwarp" not in dispatch.ran()["aggregate"]
+
+
+def test_extremum_kernel_choice_is_timed_recorded_and_kept():
+    graph = graph_named("ladder")
+    gen = torch.Generator().manual_seed(54)
+    x = randn(graph.num_src_nodes, 128, dtype=torch.bfloat16, device="cuda", generator=gen)
+    dispatch.reset()
+    with dispatch.use_backend("native"):
+        first = aggregate(graph, x, "max")
+        chosen = dispatch.ran()["aggregate"]
+        second = aggregate(graph, x, "max")
+    assert chosen.startswith("degree-aware") and dispatch.ran()["aggregate"] == chosen
+    assert torch.equal(first, second)
+
+
+def test_subwarp_extremum_checks_name_the_argument():
+    from gnnio_cli.ops.attention_native import row_schedule
+
+    graph = graph_named("small")
+    rows = reduce_native.sorted_rows(graph)
+    schedule = row_schedule(graph, "csr").args()
+    with pytest.raises(RuntimeError, match="gnnio::segment_extremum_masked_subwarp: x must be float16 or bfloat16"):
+        torch.ops.gnnio.segment_extremum_masked_subwarp(
+            graph.csr_indptr, rows.indices, torch.ones(graph.num_src_nodes, 64, device="cuda"), graph.num_dst_nodes,
+            False, *schedule, None,
+        )
+    with pytest.raises(RuntimeError, match="gnnio::segment_extremum_masked_subwarp: x must have a multiple of 8"):
+        torch.ops.gnnio.segment_extremum_masked_subwarp(
+            graph.csr_indptr, rows.indices, torch.ones(graph.num_src_nodes, 12, dtype=torch.float16, device="cuda"),
+            graph.num_dst_nodes, False, *schedule, None,
+        )
+
+
+def test_opcheck_subwarp_extremum():
+    from gnnio_cli.ops.attention_native import row_order, row_schedule
+
+    graph = graph_named("small")
+    schedule = row_schedule(graph, "csr")
+    x = randn(graph.num_src_nodes, 64, dtype=torch.bfloat16, device="cuda", generator=torch.Generator().manual_seed(55))
+    args = (graph.csr_indptr, reduce_native.sorted_rows(graph).indices, x, graph.num_dst_nodes, True, *schedule.args())
+    for rows in (None, row_order(graph, "csr", schedule).rows):
+        torch.library.opcheck(
+            torch.ops.gnnio.segment_extremum_masked_subwarp.default, (*args, rows),
+            test_utils=("test_schema", "test_faketensor"),
+        )

@@ -3,7 +3,8 @@
 Every case runs the public op with the native backend on the input's dtype
 and with the reference backend on the same values in fp64 (the oracle), for
 the output and the gradient of x. Both kernels are forced in turn through
-GNNIO_SPMM_KERNEL. Outputs land in memory poisoned with NaN, so a slot the
+GNNIO_SPMM_KERNEL (a kernel that cannot take an input runs csr-vec instead).
+Outputs land in memory poisoned with NaN, so a slot the
 kernel forgets shows. 16-bit results stay within 2x the error of PyTorch at
 the same precision. GPU only: skipped unless CUDA is visible and the native
 extension builds.
@@ -17,7 +18,8 @@ import torch
 
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch, gcn_propagate, spmm
-from gnnio_cli.ops.attention_native import row_schedule
+from gnnio_cli.ops.attention_native import row_order, row_schedule
+from gnnio_cli.ops.spmm_native import kernel_candidates
 from testing import (
     named_test_graph,
     DTYPES,
@@ -33,7 +35,11 @@ pytestmark = [
 ]
 
 WIDTHS = (1, 3, 32, 33, 128, 130, 256)
-KERNELS = ("csr-vec", "cusparse")
+KERNELS = ("csr-vec", "csr-subwarp", "csr-subwarp-sorted", "cusparse")
+SUBWARP_KERNELS = ("csr-subwarp", "csr-subwarp-sorted")
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+# csr-subwarp's widths: multiples of 8 up to 128 (1 to 16 lanes per row), 120 leaving a lane idle.
+SUBWARP_WIDTHS = (8, 16, 64, 120, 128)
 # fp32 against fp64, relative to the largest magnitude: sums over a 100k-edge hub row.
 FP32_TOLERANCE = 1e-4
 
@@ -82,19 +88,21 @@ def run_both(fn, x: torch.Tensor, grad_out_seed: int):
     return (out, x_native.grad), (oracle, x_oracle.grad), (torch_out, x_torch.grad), ran
 
 
-@pytest.mark.parametrize("kernel", KERNELS)  # the fp32 choice; 16-bit always runs csr-vec
+# Forced; csr-vec where the kernel cannot take the input. The subwarp kernels have their own test below.
+@pytest.mark.parametrize("kernel", ("csr-vec", "cusparse"))
 @pytest.mark.parametrize("graph_name", ["small", "small-int64", "hub", "bipartite"])
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduce, weighted", [("sum", False), ("mean", True)])
 def test_spmm_matches_reference(monkeypatch, kernel, graph_name, width, dtype, reduce, weighted):
     monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
-    ran = check_spmm(graph_named(graph_name), width, dtype, reduce, weighted, seed=width)
-    assert ran["spmm"] == (kernel if dtype == torch.float32 else "csr-vec")  # 16-bit never goes to cuSPARSE
+    ran, x = check_spmm(graph_named(graph_name), width, dtype, reduce, weighted, seed=width)
+    assert ran["spmm"] == (kernel if kernel in kernel_candidates(x) else "csr-vec")  # 16-bit never goes to cuSPARSE
 
 
-def check_spmm(graph, width, dtype, reduce, weighted, seed) -> dict:
-    """spmm on random features (and edge weights) against the fp64 oracle and torch; returns the kernels that ran."""
+def check_spmm(graph, width, dtype, reduce, weighted, seed) -> tuple[dict, torch.Tensor]:
+    """spmm on random features (and edge weights) against the fp64 oracle and torch; returns the kernels that ran
+    and the features."""
     gen = torch.Generator().manual_seed(seed)
     x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
     weight = randn(graph.num_edges, device="cuda", generator=gen) if weighted else None
@@ -107,7 +115,7 @@ def check_spmm(graph, width, dtype, reduce, weighted, seed) -> dict:
     assert out.dtype == dtype and out.shape == (graph.num_dst_nodes, width)
     check(out, oracle, torch_out)
     check(grad, oracle_grad, torch_grad)
-    return ran
+    return ran, x
 
 
 @pytest.mark.parametrize("width", (32, 128))
@@ -116,8 +124,70 @@ def check_spmm(graph, width, dtype, reduce, weighted, seed) -> dict:
 def test_warps_looping_over_many_rows_match_reference(monkeypatch, width, dtype, reduce, weighted):
     """Work items outnumber the resident warps, so every warp of the grid-stride loop takes several rows and tiles."""
     monkeypatch.setenv("GNNIO_SPMM_KERNEL", "csr-vec")
-    ran = check_spmm(graph_named("many-rows"), width, dtype, reduce, weighted, seed=40 + width)
+    ran, _ = check_spmm(graph_named("many-rows"), width, dtype, reduce, weighted, seed=40 + width)
     assert ran["spmm"] == "csr-vec"
+
+
+@pytest.mark.parametrize("kernel", SUBWARP_KERNELS)
+@pytest.mark.parametrize("graph_name", ["ladder", "many-rows", "small-int64", "bipartite"])
+@pytest.mark.parametrize("width", SUBWARP_WIDTHS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("reduce, weighted", [("sum", False), ("mean", True)])
+def test_subwarp_kernel_matches_reference(monkeypatch, kernel, graph_name, width, dtype, reduce, weighted):
+    """The subwarp kernels on rows of every small degree, odd ones, both sides of the tile cut, a 100k hub in tiles."""
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
+    graph = graph_named(graph_name)
+    gen = torch.Generator().manual_seed(60 + width)
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
+    weight = randn(graph.num_edges, device="cuda", generator=gen) if weighted else None
+
+    def fn(features):
+        w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
+        return spmm(graph, features, w, reduce)
+
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 3)
+    assert ran["spmm"] == kernel
+    check(out, oracle, torch_out)
+    check(grad, oracle_grad, torch_grad)
+
+
+@pytest.mark.parametrize("dtype, width", [(torch.float32, 128), (torch.bfloat16, 130), (torch.float16, 136)])
+def test_subwarp_kernel_falls_back_where_it_cannot_run(monkeypatch, dtype, width):
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", "csr-subwarp")
+    graph = graph_named("small")
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(11))
+    dispatch.reset()
+    with dispatch.use_backend("native"):
+        spmm(graph, x)
+    assert dispatch.ran()["spmm"] == "csr-vec"
+
+
+def test_subwarp_kernel_falls_back_on_rows_not_16_byte_aligned(monkeypatch):
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", "csr-subwarp")
+    graph = graph_named("small")
+    flat = randn(graph.num_src_nodes * 64 + 1, dtype=torch.bfloat16, device="cuda",
+                 generator=torch.Generator().manual_seed(12))
+    x = flat[1:].view(graph.num_src_nodes, 64)  # contiguous, 2 bytes past an aligned start
+    dispatch.reset()
+    with dispatch.use_backend("native"):
+        out = spmm(graph, x)
+    assert dispatch.ran()["spmm"] == "csr-vec"
+    with dispatch.use_backend("reference"):
+        expected = spmm(graph, x.double())
+    assert relative_error(out, expected) <= 1e-2
+
+
+def test_16bit_kernel_choice_is_timed_recorded_and_kept():
+    graph = graph_named("ladder")
+    gen = torch.Generator().manual_seed(13)
+    x = randn(graph.num_src_nodes, 128, dtype=torch.bfloat16, device="cuda", generator=gen)
+    dispatch.reset()
+    with dispatch.use_backend("native"):
+        first = spmm(graph, x)
+        chosen = dispatch.ran()["spmm"]
+        second = spmm(graph, x)
+    assert chosen in kernel_candidates(x) and dispatch.ran()["spmm"] == chosen
+    assert torch.equal(first, second)
 
 
 @pytest.mark.parametrize("graph_name", ["small", "hub"])
@@ -152,13 +222,17 @@ def test_fp32_kernel_choice_is_recorded_and_kept():
     assert torch.equal(first, second)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_csr_kernel_is_deterministic_on_a_hub(monkeypatch, dtype):
-    monkeypatch.setenv("GNNIO_SPMM_KERNEL", "csr-vec")
+@pytest.mark.parametrize(
+    "kernel, dtype", [("csr-vec", d) for d in DTYPES] + [(k, d) for k in SUBWARP_KERNELS for d in HALF_DTYPES]
+)
+def test_csr_kernel_is_deterministic_on_a_hub(monkeypatch, kernel, dtype):
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
     graph = graph_named("hub")
     x = randn(graph.num_src_nodes, 128, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(6))
+    dispatch.reset()
     with dispatch.use_backend("native"):
         results = [spmm(graph, x, reduce="mean") for _ in range(3)]
+    assert dispatch.ran()["spmm"] == kernel
     assert all(torch.equal(results[0], other) for other in results[1:])
 
 
@@ -205,6 +279,37 @@ def test_op_checks_name_the_argument():
         )
 
 
+def test_subwarp_op_checks_name_the_argument():
+    graph = graph_named("small")
+    schedule = row_schedule(graph, "csr")
+    args = (graph.csr_indptr, graph.csr_indices, None)
+    with pytest.raises(RuntimeError, match="gnnio::segment_sum_subwarp: x must be float16 or bfloat16"):
+        torch.ops.gnnio.segment_sum_subwarp(
+            *args, torch.ones(graph.num_src_nodes, 64, device="cuda"), graph.num_dst_nodes, *schedule.args(), None
+        )
+    with pytest.raises(RuntimeError, match="gnnio::segment_sum_subwarp: x must have a multiple of 8 features"):
+        torch.ops.gnnio.segment_sum_subwarp(
+            *args, torch.ones(graph.num_src_nodes, 136, dtype=torch.bfloat16, device="cuda"), graph.num_dst_nodes,
+            *schedule.args(), None,
+        )
+
+
+def test_messages_with_numbers_raise_instead_of_crashing():
+    """Every kind of value a message prints (numbers, shapes, devices, dtypes) reaches Python as a
+    RuntimeError: formatting numbers once crashed the process from inside an error message."""
+    graph = graph_named("small")
+    schedule = row_schedule(graph, "csr")
+    x = torch.ones(graph.num_src_nodes, 8, device="cuda")
+    rows = graph.num_dst_nodes
+    with pytest.raises(RuntimeError, match=rf"indptr must have num_rows \+ 1 = {rows + 2} entries, got {rows + 1}"):
+        torch.ops.gnnio.segment_sum(graph.csr_indptr, graph.csr_indices, None, x, rows + 1, *schedule.args())
+    with pytest.raises(RuntimeError, match=r"x must have 2 dims \[N, F\], got shape \[\d+, 8, 1\]"):
+        torch.ops.gnnio.segment_sum(graph.csr_indptr, graph.csr_indices, None, x.unsqueeze(-1), rows,
+                                    *schedule.args())
+    with pytest.raises(RuntimeError, match="tile_edges must be positive, got -3"):
+        torch.ops.gnnio.segment_sum(graph.csr_indptr, graph.csr_indices, None, x, rows, *schedule.args()[:4], -3)
+
+
 def test_opcheck_segment_sum_and_cusparse():
     graph = graph_named("small")
     schedule = row_schedule(graph, "csr")
@@ -215,6 +320,13 @@ def test_opcheck_segment_sum_and_cusparse():
         (graph.csr_indptr, graph.csr_indices, values, x, graph.num_dst_nodes, *schedule.args()),
         test_utils=("test_schema", "test_faketensor"),
     )
+    for rows in (None, row_order(graph, "csr", schedule).rows):
+        torch.library.opcheck(
+            torch.ops.gnnio.segment_sum_subwarp.default,
+            (graph.csr_indptr, graph.csr_indices, values, x.to(torch.bfloat16), graph.num_dst_nodes,
+             *schedule.args(), rows),
+            test_utils=("test_schema", "test_faketensor"),
+        )
     indptr = graph.csr_indptr.to(torch.int32)
     size = torch.ops.gnnio.cusparse_spmm_buffer_size(indptr, graph.csr_indices, values, x, graph.num_dst_nodes)
     workspace = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")

@@ -575,3 +575,20 @@ def test_reference_backend_is_recorded_under_use_backend():
     with dispatch.use_backend("reference"):
         aggregate(graph, randn(graph.num_nodes, 2), "max")
     assert dispatch.ran() == {"aggregate": "reference"}
+
+
+def test_spmm_kernel_candidates_follow_dtype_width_and_alignment():
+    """Which kernels the native SpMM times: the rule is plain Python, so CPU tensors exercise it."""
+    from gnnio_cli.ops.spmm_native import kernel_candidates
+
+    assert kernel_candidates(torch.ones(4, 128)) == ("csr-vec", "cusparse")
+    subwarp = ("csr-vec", "csr-subwarp", "csr-subwarp-sorted")
+    for dtype in (torch.float16, torch.bfloat16):
+        for width in (8, 64, 120, 128):
+            assert kernel_candidates(torch.ones(4, width, dtype=dtype)) == subwarp
+        for width in (1, 12, 130, 136, 256):
+            assert kernel_candidates(torch.ones(4, width, dtype=dtype)) == ("csr-vec",)
+    flat = torch.ones(4 * 64 + 8, dtype=torch.bfloat16)
+    assert flat.data_ptr() % 16 == 0
+    assert kernel_candidates(flat[1:257].view(4, 64)) == ("csr-vec",)
+    assert kernel_candidates(flat[8:264].view(4, 64)) == subwarp

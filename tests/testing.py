@@ -157,7 +157,8 @@ def named_test_graph(name: str, seed_base: int = 0) -> Graph:
 
     small / small-int64: 300 nodes, 3,000 edges (int32 / int64 indices);
     hub: a target of in-degree 100,000; bipartite: 200 sources, 150 targets;
-    many-rows: 40,000 nodes and a 20,000 in-degree hub, more rows than a GPU keeps warps resident.
+    many-rows: 40,000 nodes and a 20,000 in-degree hub, more rows than a GPU keeps warps resident;
+    ladder: see degree_ladder_graph.
     """
     if name == "small":
         return random_graph(300, 3000, seed=seed_base)
@@ -169,4 +170,33 @@ def named_test_graph(name: str, seed_base: int = 0) -> Graph:
         return random_graph(200, 2000, num_dst_nodes=150, seed=seed_base + 2)
     if name == "many-rows":
         return random_graph(40_000, 400_000, hub_degree=20_000, seed=seed_base + 3)
+    if name == "ladder":
+        return degree_ladder_graph(seed=seed_base + 4)
     raise KeyError(name)
+
+
+# In-degrees the ladder graph cycles through: empty, the smallest counts,
+# odd ones, and both sides of 4, 8, 16 and 32 (the kernels' unroll and lane
+# groups' and a warp's batches of slots).
+LADDER_DEGREES = (0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 127)
+
+
+def degree_ladder_graph(num_nodes: int = 3000, hub_degree: int = 100_000, *, seed: int) -> Graph:
+    """Target 0 is a hub of in-degree `hub_degree` (split into tiles); targets 1, 2, 3 have in-degree T - 1, T and
+    T + 1 for the graph's tile length T (the light/heavy cut of the row schedule); every other target t has
+    LADDER_DEGREES[t % len]. Sources are drawn at random (self-loops and duplicate edges occur), edges shuffled."""
+    from gnnio_cli.ops.attention_native import choose_tile_edges
+
+    def indptr(degrees: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate([[0], np.cumsum(degrees)]))
+
+    rng = np.random.default_rng(seed)
+    degrees = np.array([hub_degree] + [LADDER_DEGREES[t % len(LADDER_DEGREES)] for t in range(1, num_nodes)])
+    degrees[1:4] = 0
+    tile = choose_tile_edges(indptr(degrees))
+    degrees[1:4] = (tile - 1, tile, tile + 1)
+    assert choose_tile_edges(indptr(degrees)) == tile, "the rows at the cut moved the cut"
+    dst = np.repeat(np.arange(num_nodes), degrees)
+    src = rng.integers(0, num_nodes, size=dst.size)
+    order = rng.permutation(src.size)
+    return Graph.from_edge_index(np.stack([src[order], dst[order]]), size=(num_nodes, num_nodes))

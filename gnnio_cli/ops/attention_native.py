@@ -34,7 +34,7 @@ import torch
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch
 
-GAT, GATV2, DOT = 0, 1, 2
+GAT, GATV2, DOT, COSINE = 0, 1, 2, 3
 
 # The widest head the kernels' lane layout holds (attention.cu: 32 lanes x 8 chunks).
 MAX_CHANNELS = 256
@@ -251,6 +251,41 @@ class _FusedAttention(torch.autograd.Function):
         return (None, *grads)
 
 
+def _make_call(
+    kind: int,
+    graph: Graph,
+    heads: int,
+    device: torch.device,
+    *,
+    negative_slope: float,
+    scale: float,
+    dropout: float,
+    training: bool,
+    return_attention: bool,
+    weights_after_dropout: bool,
+) -> _Call:
+    """The schedules, dropout seed and flags of one fused call (dropout 0 outside training)."""
+    csr, csc = row_schedule(graph, "csr", getattr(_forced, "tile_edges", None)), row_schedule(graph, "csc")
+    dropout = float(dropout) if training else 0.0
+    seed = offset = 0
+    if dropout > 0.0:
+        with torch.cuda.device(device):
+            seed, offset = torch.ops.gnnio.attention_dropout_seed((heads + 3) // 4)
+    return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
+    csr_order, csc_order = row_order(graph, "csr", csr), row_order(graph, "csc", csc)
+    return _Call(kind, graph, csr, csc, csr_order, csc_order, float(negative_slope), float(scale), dropout, seed,
+                 offset, return_scores)
+
+
+def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: torch.Tensor, return_attention: bool):
+    """Record the schedule that ran; out, or (out, alpha [E, H] in eid order)."""
+    dispatch.record(op, f"fused {call.csr.name}")
+    if not return_attention:
+        return out
+    dropout = call.dropout if call.return_scores == 2 else 0.0
+    return out, _attention_weights(call.graph, scores, lse, dropout, out.dtype)
+
+
 def _run(
     op: str,
     kind: int,
@@ -266,22 +301,13 @@ def _run(
 ):
     """Run the fused op; returns out or (out, alpha [E, H] in eid order)."""
     tensors = tuple(None if t is None else t.contiguous() for t in tensors)
-    heads = tensors[0].shape[1]
-    csr, csc = row_schedule(graph, "csr", getattr(_forced, "tile_edges", None)), row_schedule(graph, "csc")
-    dropout = float(dropout) if training else 0.0
-    seed = offset = 0
-    if dropout > 0.0:
-        with torch.cuda.device(tensors[0].device):
-            seed, offset = torch.ops.gnnio.attention_dropout_seed((heads + 3) // 4)
-    return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
-    csr_order, csc_order = row_order(graph, "csr", csr), row_order(graph, "csc", csc)
-    call = _Call(kind, graph, csr, csc, csr_order, csc_order, float(negative_slope), float(scale), dropout, seed, offset,
-                 return_scores)
+    call = _make_call(
+        kind, graph, tensors[0].shape[1], tensors[0].device, negative_slope=negative_slope, scale=scale,
+        dropout=dropout, training=training, return_attention=return_attention,
+        weights_after_dropout=weights_after_dropout,
+    )  # fmt: skip
     out, lse, scores = _FusedAttention.apply(call, *tensors)
-    dispatch.record(op, f"fused {csr.name}")
-    if not return_attention:
-        return out
-    return out, _attention_weights(graph, scores, lse, dropout if weights_after_dropout else 0.0, out.dtype)
+    return _finish(op, call, out, lse, scores, return_attention)
 
 
 def _attention_weights(graph: Graph, scores: torch.Tensor, lse: torch.Tensor, dropout: float, dtype) -> torch.Tensor:
@@ -321,53 +347,79 @@ def transformer_attention(graph, query, key, value, edge_feat, dropout, training
     )  # fmt: skip
 
 
-# F.normalize's floor on the row norm: rows shorter than this are divided by it.
-_NORM_FLOOR = 1e-12
+class _CosineAttention(torch.autograd.Function):
+    """(x_src [Ns, 1, C], x_dst [Nd, 1, C] or None when it is x_src, beta) -> (out [Nd, 1, C], lse, scores).
 
-
-class _UnitRows(torch.autograd.Function):
-    """x [N, C] -> x / max(|x|, 1e-12) row by row (F.normalize), in fp32.
-
-    The same function as F.normalize with a third of its node-sized kernels:
-    forward keeps the unit rows and one [N, 1] inverse norm; backward is
-    (g - u <g, u>) / |x| (the radial part dropped), or g / 1e-12 for rows under the floor.
+    AGNN through the kernels' Cosine kind (attention.cu's header has the
+    derivation): forward takes the fp32 norm of each row in one pass; the
+    kernels read the rows themselves (exact in every dtype) with their norms,
+    cosine = <x_dst, x_src> / max(|x_src|, 1e-12) / max(|x_dst|, 1e-12), the
+    message x_src. Backward: the target pass gives d u_dst and d beta (u =
+    F.normalize(x)), the source pass d u_src (scores) and d x_src (messages),
+    and one pass per row applies F.normalize's backward and adds them up.
+    lse and scores carry no gradient.
     """
 
     @staticmethod
-    def forward(ctx, x):
-        ctx.input_dtype = x.dtype
-        x = x.to(torch.float32)
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        inverse = norm.clamp_min(_NORM_FLOOR).reciprocal_()
-        unit = x * inverse
-        ctx.save_for_backward(unit, inverse, norm >= _NORM_FLOOR)
-        return unit
+    def forward(ctx, call: _Call, x_src, x_dst, beta):
+        shared = x_dst is None
+        norm_src = torch.ops.gnnio.attention_row_norms(x_src)
+        norm_dst = norm_src if shared else torch.ops.gnnio.attention_row_norms(x_dst)
+        x_dst = x_src if shared else x_dst
+        beta_f32 = beta.detach().to(torch.float32).reshape(1)
+        out, lse, scores = torch.ops.gnnio.attention_forward(
+            COSINE, *call.csr_args(), *_cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32),
+            *call.score_args(), call.return_scores,
+        )  # fmt: skip
+        ctx.call, ctx.shared = call, shared
+        ctx.beta_shape, ctx.beta_dtype = beta.shape, beta.dtype
+        ctx.save_for_backward(x_src, norm_src, x_dst, norm_dst, beta_f32, lse)
+        ctx.mark_non_differentiable(lse, scores)
+        return out, lse, scores
 
     @staticmethod
-    def backward(ctx, grad):
-        unit, inverse, above_floor = ctx.saved_tensors
-        radial = torch.linalg.vecdot(grad, unit, dim=-1).unsqueeze(-1) * above_floor
-        return torch.addcmul(grad, unit, radial, value=-1.0).mul_(inverse).to(ctx.input_dtype)
+    def backward(ctx, grad_out, _grad_lse, _grad_scores):
+        call: _Call = ctx.call
+        x_src, norm_src, x_dst, norm_dst, beta_f32, lse = ctx.saved_tensors
+        tensors = _cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32)
+        grad_out = grad_out.contiguous()
+        grad_unit_dst, grad_beta, delta = torch.ops.gnnio.attention_backward_target(
+            COSINE, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
+        )
+        grad_message, grad_unit_src, _, _ = torch.ops.gnnio.attention_backward_source(
+            COSINE, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args()
+        )
+        unit_rows_backward = torch.ops.gnnio.attention_unit_rows_backward
+        if ctx.shared:
+            grad_src = unit_rows_backward(x_src, norm_src, grad_unit_src, grad_unit_dst, grad_message)
+            grad_dst = None
+        else:
+            grad_src = unit_rows_backward(x_src, norm_src, grad_unit_src, None, grad_message)
+            grad_dst = unit_rows_backward(x_dst, norm_dst, grad_unit_dst, None, None)
+        return None, grad_src, grad_dst, grad_beta.reshape(ctx.beta_shape).to(ctx.beta_dtype)
+
+
+def _cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32) -> tuple:
+    """The kernels' tensor arguments for the Cosine kind (see attention.cu's schema comment)."""
+    return x_src, None, x_dst, norm_src, norm_dst, beta_f32, None
 
 
 def agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attention):
-    """Fused :func:`gnnio_cli.ops.attention.agnn_attention`: a one-head dot-product attention.
+    """Fused :func:`gnnio_cli.ops.attention.agnn_attention`: a one-head cosine attention.
 
-    The cosine is a dot product of unit rows; beta is folded into the target
-    side (query = beta * x_dst / |x_dst|), so autograd carries its gradient
-    through these small node-sized ops, not through the kernel. When x_src is
-    x_dst (AGNNConv's case) the unit rows are computed once.
+    When x_dst is x_src (AGNNConv's case) its norms are computed once and its
+    gradient comes from one pass.
     """
-    key = _UnitRows.apply(x_src)
-    unit_dst = key if x_dst is x_src else _UnitRows.apply(x_dst)
-    query = beta.to(torch.float32).reshape(()) * unit_dst
-    result = _run(
-        "agnn_attention", DOT, graph,
-        (x_src.unsqueeze(1), key.to(x_src.dtype).unsqueeze(1), query.to(x_src.dtype).unsqueeze(1), None, None, None, None),
-        negative_slope=0.0, scale=1.0, dropout=dropout, training=training,
+    shared = x_dst is x_src
+    x_src = x_src.contiguous().unsqueeze(1)
+    x_dst = None if shared else x_dst.contiguous().unsqueeze(1)
+    call = _make_call(
+        COSINE, graph, 1, x_src.device, negative_slope=0.0, scale=1.0, dropout=dropout, training=training,
         return_attention=return_attention, weights_after_dropout=False,
     )  # fmt: skip
+    out, lse, scores = _CosineAttention.apply(call, x_src, x_dst, beta)
+    result = _finish("agnn_attention", call, out.squeeze(1), lse, scores, return_attention)
     if return_attention:
         out, alpha = result
-        return out.squeeze(1), alpha.squeeze(1)
-    return result.squeeze(1)
+        return out, alpha.squeeze(1)
+    return result

@@ -8,6 +8,17 @@ ascending order: the graph's own when it already does, else a sorted copy
 built once per graph. There "ties go to the smallest source id" is "ties go
 to the earliest slot", which the kernel gets from a strict compare.
 
+Forward kernels: ``warp`` (one warp per light row, its lane groups taking
+further edges) for every input, and for fp16/bf16 rows of at most 128
+features, a multiple of 8, ``subwarp`` (each light row a group of F / 8
+lanes of its own, so a warp scans several rows at once; rows in row order)
+and ``subwarp-sorted`` (the same, light rows by descending degree so the
+rows sharing a warp are about as long). All give the same outputs and masks,
+bit for bit. Where several can run they are timed on the first call per
+(graph, dtype, width) and the fastest kept; ``GNNIO_EXTREMUM_KERNEL`` forces
+one where the input allows it. The recorded implementation names the
+schedule, with the subwarp kernel's name in it when one ran.
+
 The forward saves, per edge, a bit mask of the features that edge won
 (int32 [E, ceil(F / 32)], E * F / 8 bytes); the backward walks the CSC and
 loads the output gradient only for those features. No atomics:
@@ -16,13 +27,15 @@ deterministic. Empty rows give 0 and send no gradient.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
+from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch, spmm_native
-from gnnio_cli.ops.attention_native import row_schedule
+from gnnio_cli.ops.attention_native import row_order, row_schedule
 from gnnio_cli.ops.segment import slot_of_eid
 
 supports = spmm_native.supports
@@ -68,15 +81,55 @@ def sorted_rows(graph: Graph) -> SortedRows:
     return graph.cached("max_min_sorted_rows", build)
 
 
+EXTREMUM_KERNELS = ("warp", "subwarp", "subwarp-sorted")
+# The packed 16-bit scan of the subwarp kernel counts a light row's slots in 16 bits.
+PACKED_POSITION_LIMIT = 0xFFFF
+
+
+def extremum_candidates(graph: Graph, x: torch.Tensor) -> tuple[str, ...]:
+    """The forward kernels that may run max/min of x [num_src, F] (contiguous) over `graph`, in timing order."""
+    if spmm_native.fits_subwarp(x) and row_schedule(graph, "csr").tile_edges < PACKED_POSITION_LIMIT:
+        return EXTREMUM_KERNELS
+    return ("warp",)
+
+
+def _run_forward(kernel: str, graph: Graph, x: torch.Tensor, is_min: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    schedule = row_schedule(graph, "csr")
+    args = (graph.csr_indptr, sorted_rows(graph).indices, x, graph.num_dst_nodes, is_min, *schedule.args())
+    if kernel == "warp":
+        return torch.ops.gnnio.segment_extremum_masked(*args)
+    rows = row_order(graph, "csr", schedule).rows if kernel == "subwarp-sorted" else None
+    return torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows)
+
+
+def extremum_kernel(graph: Graph, x: torch.Tensor, is_min: bool) -> str:
+    """The forward kernel for this input: forced by GNNIO_EXTREMUM_KERNEL, else the faster candidate (timed once
+    per graph, dtype and width; 'warp' inside CUDA graph capture, where nothing can be timed)."""
+    candidates = extremum_candidates(graph, x)
+    forced = os.environ.get("GNNIO_EXTREMUM_KERNEL")
+    if forced:
+        if forced not in EXTREMUM_KERNELS:
+            raise GnnioError(
+                f"GNNIO_EXTREMUM_KERNEL must be one of {', '.join(EXTREMUM_KERNELS)}, got '{forced}'"
+            )
+        return forced if forced in candidates else "warp"
+    if len(candidates) == 1:
+        return candidates[0]
+    chosen = graph.cached("extremum_kernel_choice", dict)
+    key = (x.dtype, x.shape[1], candidates)
+    if key not in chosen:
+        if torch.cuda.is_current_stream_capturing():
+            return "warp"
+        chosen[key] = spmm_native.fastest(candidates, lambda kernel: _run_forward(kernel, graph, x, is_min))
+    return chosen[key]
+
+
 class _Extremum(torch.autograd.Function):
     """Per-feature max/min over in-edges; the gradient goes to the edge whose mask bit says it won."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, graph: Graph, is_min: bool) -> torch.Tensor:
-        rows = sorted_rows(graph)
-        out, masks = torch.ops.gnnio.segment_extremum_masked(
-            graph.csr_indptr, rows.indices, x, graph.num_dst_nodes, is_min, *row_schedule(graph, "csr").args()
-        )
+    def forward(ctx, x: torch.Tensor, graph: Graph, is_min: bool, kernel: str) -> torch.Tensor:
+        out, masks = _run_forward(kernel, graph, x, is_min)
         ctx.save_for_backward(masks)
         ctx.graph = graph
         return out
@@ -89,7 +142,7 @@ class _Extremum(torch.autograd.Function):
             graph.csc_indptr, graph.csc_indices, sorted_rows(graph).csc_mask_slot, grad_out.contiguous(), masks,
             graph.num_src_nodes, *row_schedule(graph, "csc").args(),
         )
-        return grad_x, None, None
+        return grad_x, None, None, None
 
 
 def aggregate(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:
@@ -98,6 +151,9 @@ def aggregate(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:
     if reduce in ("sum", "mean"):
         return spmm_native.spmm(graph, x, None, reduce, op)
     features = x.reshape(x.shape[0], -1).contiguous()
-    dispatch.record(op, f"degree-aware {row_schedule(graph, 'csr').name}")
-    out = _Extremum.apply(features, graph, reduce == "min")
+    is_min = reduce == "min"
+    kernel = extremum_kernel(graph, features, is_min)
+    schedule = row_schedule(graph, "csr").name
+    dispatch.record(op, f"degree-aware {schedule}" if kernel == "warp" else f"degree-aware {kernel} {schedule}")
+    out = _Extremum.apply(features, graph, is_min, kernel)
     return out.reshape(graph.num_dst_nodes, *x.shape[1:])

@@ -7,20 +7,30 @@ Each op here is ``out = A @ x`` for a sparse operator A over the graph's CSR
 values permuted to CSC slot order: as cheap as the forward, no atomics, no
 transpose flag.
 
-Two kernels compute ``A @ x`` (native/spmm.cu):
+Three kernels compute ``A @ x`` (native/spmm.cu):
 
 - ``csr-vec``: gnnio's degree-aware CSR kernel (128-bit loads, a warp per
   light row, heavy rows in tiles merged in order), any dtype;
+- ``csr-subwarp``: the same for fp16/bf16 rows of at most 128 features (a
+  multiple of 8, 16-byte aligned), except that each light row gets a group of
+  F / 8 lanes of its own, so a warp sums 32 / (F / 8) rows at once;
+  ``csr-subwarp-sorted`` takes the light rows by descending degree instead of
+  in row order, so the rows sharing a warp are about as long;
 - ``cusparse``: cuSPARSE SpMM (fp32), its values and work buffer cached per
   (dtype, width).
 
-16-bit features always take ``csr-vec``: cuSPARSE's 16-bit SpMM, although
+16-bit features never take ``cusparse``: cuSPARSE's 16-bit SpMM, although
 asked for fp32 compute, was measured 0.1-0.46 off (relative) on a row of
-100k in-edges, where gnnio's kernel rounds once. For fp32 both are timed on
-the first call per (operator side, width) and the faster kept (on an H100,
-cuSPARSE won on rmat20, gnnio's kernel on uniform20; inside CUDA graph
-capture, where nothing can be timed, gnnio's). ``GNNIO_SPMM_KERNEL``
-(``csr-vec`` or ``cusparse``) forces the fp32 choice. The choice is recorded with
+100k in-edges, where gnnio's kernels round once. The candidates are
+``csr-vec`` and ``cusparse`` for fp32, ``csr-vec`` and ``csr-subwarp`` for
+16-bit inputs that fit the subwarp kernels (all three), ``csr-vec`` alone
+otherwise. Where there
+are several, all are timed on the first call per (operator side, dtype, width)
+and the faster kept (on an H100, cuSPARSE won on rmat20, gnnio's kernel on
+uniform20; inside CUDA graph capture, where nothing can be timed,
+``csr-vec``). ``GNNIO_SPMM_KERNEL`` (any of the names above) forces the
+choice among an input's candidates; a forced kernel
+that cannot take the input gives ``csr-vec``. The choice is recorded with
 :func:`dispatch.record`, so ``gnnio run`` and ``compare`` show it.
 
 Operators without per-call edge weights are cached on the Graph; results are
@@ -31,17 +41,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch
-from gnnio_cli.ops.attention_native import RowSchedule, row_schedule
+from gnnio_cli.ops.attention_native import RowOrder, RowSchedule, row_order, row_schedule
 
 NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-KERNELS = ("csr-vec", "cusparse")
+KERNELS = ("csr-vec", "csr-subwarp", "csr-subwarp-sorted", "cusparse")
+SUBWARP_KERNELS = ("csr-subwarp", "csr-subwarp-sorted")
+# The subwarp kernels' bounds (native/spmm.cu, native/reduce.cu): 8 features per 128-bit load, at most 16 lanes per row.
+SUBWARP_VEC = 8
+SUBWARP_MAX_WIDTH = 128
 # Calls timed per kernel when choosing (after one warm-up call each).
 TUNING_CALLS = 3
 
@@ -51,6 +65,40 @@ def supports(x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None) -> boo
     if not (x.is_cuda and x.dtype in NATIVE_DTYPES):
         return False
     return edge_weight is None or (edge_weight.is_cuda and not edge_weight.requires_grad)
+
+
+def fastest(candidates: tuple[str, ...], run: Callable[[str], object]) -> str:
+    """The candidate whose `run(name)` takes least GPU time (CUDA events, after one warm-up call each)."""
+    timings = {}
+    for kernel in candidates:
+        run(kernel)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(TUNING_CALLS):
+            run(kernel)
+        end.record()
+        end.synchronize()
+        timings[kernel] = start.elapsed_time(end)
+    return min(timings, key=timings.get)
+
+
+def kernel_candidates(x: torch.Tensor) -> tuple[str, ...]:
+    """The kernels that may compute A @ x for this x [num_cols, F] (contiguous), in the order they are timed."""
+    if x.dtype == torch.float32:
+        return ("csr-vec", "cusparse")
+    return ("csr-vec", *SUBWARP_KERNELS) if fits_subwarp(x) else ("csr-vec",)
+
+
+def fits_subwarp(x: torch.Tensor) -> bool:
+    """Whether the lane-group ("subwarp") kernels of native/spmm.cu and native/reduce.cu take x [N, F]:
+    fp16/bf16, F a multiple of 8 up to 128, rows starting 16-byte aligned."""
+    width = x.shape[1]
+    return (
+        x.dtype in (torch.float16, torch.bfloat16)
+        and 0 < width <= SUBWARP_MAX_WIDTH
+        and width % SUBWARP_VEC == 0
+        and x.data_ptr() % 16 == 0
+    )
 
 
 # ------------------------------------------------------------ operators
@@ -73,7 +121,8 @@ class OperatorSide:
     values: Optional[torch.Tensor]
     num_rows: int
     schedule: RowSchedule
-    chosen: dict = field(default_factory=dict)  # (dtype, width) -> kernel name
+    light_rows: Callable[[], RowOrder]  # the light rows by descending degree (cached on the graph)
+    chosen: dict = field(default_factory=dict)  # (dtype, width, candidates) -> kernel name
     cusparse_forms: dict = field(default_factory=dict)  # dtype -> _CusparseForm
 
     def apply(self, x: torch.Tensor, op: str) -> torch.Tensor:
@@ -87,38 +136,27 @@ class OperatorSide:
             form = self._cusparse_form(x.dtype)
             workspace = self._workspace(form, x)
             return torch.ops.gnnio.cusparse_spmm(form.indptr, form.indices, form.values, x, self.num_rows, workspace)
-        return torch.ops.gnnio.segment_sum(
-            self.indptr, self.indices, self.values, x, self.num_rows, *self.schedule.args()
-        )
+        args = (self.indptr, self.indices, self.values, x, self.num_rows, *self.schedule.args())
+        if kernel in SUBWARP_KERNELS:
+            rows = self.light_rows().rows if kernel == "csr-subwarp-sorted" else None
+            return torch.ops.gnnio.segment_sum_subwarp(*args, rows)
+        return torch.ops.gnnio.segment_sum(*args)
 
     def _kernel(self, x: torch.Tensor) -> str:
-        if x.dtype != torch.float32:
-            return "csr-vec"
+        candidates = kernel_candidates(x)
         forced = os.environ.get("GNNIO_SPMM_KERNEL")
         if forced:
             if forced not in KERNELS:
                 raise GnnioError(f"GNNIO_SPMM_KERNEL must be one of {', '.join(KERNELS)}, got '{forced}'")
-            return forced
-        key = (x.dtype, x.shape[1])
+            return forced if forced in candidates else "csr-vec"
+        if len(candidates) == 1:
+            return candidates[0]
+        key = (x.dtype, x.shape[1], candidates)
         if key not in self.chosen:
             if torch.cuda.is_current_stream_capturing():
                 return "csr-vec"
-            self.chosen[key] = self._fastest(x)
+            self.chosen[key] = fastest(candidates, lambda kernel: self._run(kernel, x))
         return self.chosen[key]
-
-    def _fastest(self, x: torch.Tensor) -> str:
-        """Time both kernels on this input (CUDA events) and return the faster one's name."""
-        timings = {}
-        for kernel in KERNELS:
-            self._run(kernel, x)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(TUNING_CALLS):
-                self._run(kernel, x)
-            end.record()
-            end.synchronize()
-            timings[kernel] = start.elapsed_time(end)
-        return min(timings, key=timings.get)
 
     def _cusparse_form(self, dtype: torch.dtype) -> _CusparseForm:
         if dtype not in self.cusparse_forms:
@@ -169,13 +207,14 @@ def build_operator(graph: Graph, edge_values: Optional[torch.Tensor], target_sca
             csc_values = csc_values * target_scale.index_select(0, graph.csc_indices.long())
     # The faster kernel depends on the structure, dtype and width, not on the values: every
     # operator over this graph shares one choice per side, so per-call edge weights never re-time.
+    csr, csc = row_schedule(graph, "csr"), row_schedule(graph, "csc")
     forward = OperatorSide(
-        graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, row_schedule(graph, "csr"),
-        chosen=graph.cached(("spmm_kernel_choice", "csr"), dict),
+        graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, csr,
+        lambda: row_order(graph, "csr", csr), chosen=graph.cached(("spmm_kernel_choice", "csr"), dict),
     )
     backward = OperatorSide(
-        graph.csc_indptr, graph.csc_indices, csc_values, graph.num_src_nodes, row_schedule(graph, "csc"),
-        chosen=graph.cached(("spmm_kernel_choice", "csc"), dict),
+        graph.csc_indptr, graph.csc_indices, csc_values, graph.num_src_nodes, csc,
+        lambda: row_order(graph, "csc", csc), chosen=graph.cached(("spmm_kernel_choice", "csc"), dict),
     )
     return SpmmOperator(forward, backward)
 
