@@ -80,6 +80,7 @@ struct Params {
   float* lse;
   float* scores;              // [E, H] raw scores in eid order, or null
   bool scores_after_dropout;  // write -inf for dropped edges
+  const float* scores_in;     // [E, H] raw scores in slot order (edge-balanced schedule), or null
   float* part_max;
   float* part_sum;
   float* part_acc;
@@ -309,10 +310,13 @@ struct StepEdges {
   uint32_t mine;   // this lane's slot's edge id (0 when the kernel reads none)
   int first;       // lane holding the step's first slot
   int count;       // slots held by the lanes
+  int64_t base;    // the slot the lanes' first one is
 
   __device__ __forceinline__ int64_t operator()(int u) const {
     return static_cast<int64_t>(__shfl_sync(kFullMask, mine, first + u < count ? first + u : 0));
   }
+  // slot position (CSR order) of the step's u-th edge
+  __device__ __forceinline__ int64_t slot(int u) const { return base + first + u; }
 };
 
 // Calls step(neighbour, valid, edges) for the slots [begin, end) of a warp's
@@ -336,7 +340,7 @@ __device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const 
         valid[u] = first + u < count;
         neighbour[u] = static_cast<int64_t>(__shfl_sync(kFullMask, my_neighbour, valid[u] ? first + u : 0));
       }
-      step(neighbour, valid, StepEdges{my_eid, first, count});
+      step(neighbour, valid, StepEdges{my_eid, first, count, base});
     }
   }
 }
@@ -373,8 +377,81 @@ __device__ __forceinline__ void for_each_item(const Params<scalar_t>& p, int lan
   }
 }
 
+// The forward's score arithmetic, shared with the edge-balanced score phase
+// so both give the same numbers. step_partials: this lane's share of each of
+// a step's U edges' scores into one target, from the gathered source rows
+// `message` (x_src, or value for Dot, to which it adds the edge features as
+// the message needs); finish_score turns one share into the raw score.
+template <int KIND, int VEC, int U, typename scalar_t>
+__device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const int64_t (&neighbour)[U],
+                                              const StepEdges& edge_id, const LaneGeometry& geo, const Lane<VEC>& lane,
+                                              const Chunks<VEC>& target, float alpha_dst, const Chunks<VEC>& att,
+                                              Chunks<VEC> (&message)[U], float (&partial)[U],
+                                              float (&inverse_norm)[U]) {
+  constexpr int K = Layout<VEC>::kChunks;
+  if constexpr (KIND == kCosine) {
+    cosine_terms<VEC, U>(p, neighbour, geo, lane, target, message, inverse_norm, partial);
+  } else if constexpr (KIND == kDot) {
+    Chunks<VEC> key[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
+    if (p.edge) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        Chunks<VEC> feature;
+        load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
+        add_to<VEC>(key[u], feature);
+        add_to<VEC>(message[u], feature);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, key[u]);
+  } else if constexpr (KIND == kGatV2) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      Chunks<VEC> hidden;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) hidden[k][v] = message[u][k][v] + target[k][v];
+      if (p.edge) {
+        Chunks<VEC> feature;
+        load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
+        add_to<VEC>(hidden, feature);
+      }
+      partial[u] = gatv2_partial<VEC>(att, hidden, p.slope);
+    }
+  } else {
+    float z[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok) + alpha_dst;
+    if (p.edge) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, lane.head_ok);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) partial[u] = leaky_relu(z[u], p.slope);
+  }
+}
+
+template <int KIND>
+__device__ __forceinline__ float finish_score(float partial, float inverse_norm, float target_inverse_norm,
+                                              float factor, const LaneGeometry& geo) {
+  if constexpr (KIND == kGat) {
+    return partial;
+  } else if constexpr (KIND == kCosine) {
+    // the same product as the backward passes', so they recompute the same score
+    return head_sum(partial, geo.lanes_per_head) * inverse_norm * target_inverse_norm * factor;
+  } else {
+    return head_sum(partial, geo.lanes_per_head) * factor;
+  }
+}
+
 // ------------------------------------------------------------------ forward
-template <int KIND, int VEC, typename scalar_t>
+// PRECOMPUTED: the scores come from p.scores_in (slot order, written by the
+// edge-balanced score phase) instead of from the source and target rows; the
+// rest (online softmax, dropout, aggregation, tiles) is the same pass.
+template <int KIND, int VEC, typename scalar_t, bool PRECOMPUTED = false>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<VEC>()) forward_kernel(const Params<scalar_t> p) {
   constexpr int U = forward_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
@@ -391,9 +468,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
   for_each_item(p, lane.lane, [&](const WorkItem& item) {
     Chunks<VEC> target;  // query / x_dst of the row
     float alpha_dst = 0.f, target_inverse_norm = 1.f;
-    if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
-    if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
-    if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
+    if constexpr (!PRECOMPUTED) {
+      if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
+      if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
+      if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
+    }
 
     Chunks<VEC> acc;
     set_zero<VEC>(acc);
@@ -404,63 +483,34 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
       // All of the step's gathers first, with no branch between them, so
       // their latencies overlap; edge features (rare) come in a second round.
       Chunks<VEC> message[U];
-      float partial[U], inverse_norm[U];  // Cosine: 1 / max(|x_src|, floor)
 #pragma unroll
       for (int u = 0; u < U; ++u) load_row<VEC>(p.msg_src, neighbour[u], geo, lane, message[u]);
-      if constexpr (KIND == kCosine) {
-        cosine_terms<VEC, U>(p, neighbour, geo, lane, target, message, inverse_norm, partial);
-      } else if constexpr (KIND == kDot) {
-        Chunks<VEC> key[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
-        if (p.edge) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-            add_to<VEC>(key[u], feature);
-            add_to<VEC>(message[u], feature);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, key[u]);
-      } else if constexpr (KIND == kGatV2) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          Chunks<VEC> hidden;
-#pragma unroll
-          for (int k = 0; k < K; ++k)
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) hidden[k][v] = message[u][k][v] + target[k][v];
+      float partial[U], inverse_norm[U];  // Cosine: 1 / max(|x_src|, floor)
+      if constexpr (PRECOMPUTED) {
+        // the edge-balanced score phase wrote the scores (edge_scores_kernel); Dot's messages still take the
+        // edge features
+        if constexpr (KIND == kDot) {
           if (p.edge) {
-            Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-            add_to<VEC>(hidden, feature);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              Chunks<VEC> feature;
+              load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
+              add_to<VEC>(message[u], feature);
+            }
           }
-          partial[u] = gatv2_partial<VEC>(att, hidden, p.slope);
         }
       } else {
-        float z[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok) + alpha_dst;
-        if (p.edge) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, lane.head_ok);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) partial[u] = leaky_relu(z[u], p.slope);
+        step_partials<KIND, VEC, U>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
+                                    inverse_norm);
       }
       float score[U], drop[U];
       float new_max = run_max;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if constexpr (KIND == kGat) {
-          score[u] = partial[u];
-        } else if constexpr (KIND == kCosine) {
-          // the same product as the backward passes', so they recompute the same score
-          score[u] = head_sum(partial[u], geo.lanes_per_head) * inverse_norm[u] * target_inverse_norm * factor;
+        if constexpr (PRECOMPUTED) {
+          score[u] = valid[u] && lane.head_ok ? p.scores_in[edge_id.slot(u) * geo.heads + lane.head] : 0.f;
         } else {
-          score[u] = head_sum(partial[u], geo.lanes_per_head) * factor;
+          score[u] = finish_score<KIND>(partial[u], inverse_norm[u], target_inverse_norm, factor, geo);
         }
         drop[u] = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         if (valid[u]) new_max = fmaxf(new_max, score[u]);
@@ -505,6 +555,56 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
     set_zero<VEC>(zero);
     store_row<VEC>(p.out, row, geo, lane, zero);
     if (writer) p.lse[row * geo.heads + lane.head] = 0.f;
+  });
+}
+
+// ------------------------------------------------- edge-balanced score phase
+// For graphs whose in-degrees are very uneven: the raw score of every edge,
+// each warp taking the same number of CSR slots (slots_per_warp) whatever
+// rows they belong to, written in slot order for forward_kernel<.., true>
+// (the fused softmax and aggregation). Same arithmetic as the fused forward
+// (step_partials, finish_score), so the backward's recomputed scores are the same numbers.
+// Consecutive slots mostly share their target, whose row is loaded again only
+// when it changes.
+template <int KIND, int VEC, typename scalar_t>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) edge_scores_kernel(const Params<scalar_t> p,
+                                                                             const int32_t* __restrict__ slot_rows,
+                                                                             int64_t num_slots, int64_t slots_per_warp,
+                                                                             float* __restrict__ scores_out) {
+  const LaneGeometry geo = p.geo;
+  const Lane<VEC> lane(geo);
+  const bool writer = lane.head_ok && lane.in_head == 0;
+  const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
+  Chunks<VEC> att;
+  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, att);
+
+  const int64_t begin = warp_index() * slots_per_warp;
+  const int64_t end = min(begin + slots_per_warp, num_slots);
+  int64_t current = -1;  // the target whose row `target` holds
+  Chunks<VEC> target;
+  set_zero<VEC>(target);
+  float alpha_dst = 0.f, target_inverse_norm = 1.f;
+  for_each_step<1>(begin, end, p.indices, p.eid, p.edge != nullptr, lane.lane,
+                   [&](const int64_t(&neighbour)[1], const bool(&valid)[1], const StepEdges& edge_id) {
+    const int64_t slot = edge_id.slot(0);
+    const int64_t row = slot_rows[slot];
+    if (row != current) {  // warp-uniform
+      if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, row, geo, lane, target);
+      if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, row, geo, lane.head, lane.head_ok);
+      if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, row, geo, lane);
+      current = row;
+    }
+    Chunks<VEC> message[1];
+    if constexpr (KIND == kGatV2 || KIND == kCosine) {
+      load_row<VEC>(p.msg_src, neighbour[0], geo, lane, message[0]);
+    } else {
+      set_zero<VEC>(message[0]);  // GAT's and Dot's scores read no message row
+    }
+    float partial[1], inverse_norm[1];
+    step_partials<KIND, VEC, 1>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
+                                inverse_norm);
+    const float score = finish_score<KIND>(partial[0], inverse_norm[0], target_inverse_norm, factor, geo);
+    if (writer && valid[0]) scores_out[slot * geo.heads + lane.head] = score;
   });
 }
 
@@ -1020,6 +1120,7 @@ __global__ void unit_rows_backward_kernel(const scalar_t* __restrict__ x, const 
 
 // ---------------------------------------------------------------- host side
 constexpr const char* kForward = "gnnio::attention_forward";
+constexpr const char* kForwardEdgeBalanced = "gnnio::attention_forward_edge_balanced";
 constexpr const char* kBackwardTarget = "gnnio::attention_backward_target";
 constexpr const char* kBackwardSource = "gnnio::attention_backward_source";
 
@@ -1242,23 +1343,29 @@ dim3 resident_grid(Kernel kernel, const Params<scalar_t>& p) {
 
 constexpr int kMergeThreads = 256;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
-    int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
+// CSR slots per warp of the edge-balanced score phase: enough warps to fill
+// the GPU several times over, each with the same share of the edges.
+constexpr int64_t kSlotsPerScoreWarp = 64;
+
+// Both forward ops: the fused pass alone (slot_rows null), or the
+// edge-balanced score phase first and the fused pass reading its scores.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
+    const char* op, int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
     const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& row_order, int64_t num_busy_rows,
     const at::Tensor& msg_src,
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
-    double dropout, int64_t seed, int64_t offset, int64_t return_scores) {
+    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor* slot_rows) {
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
-      row_schedule(kForward, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
-  const RowOrder order = row_order_view(kForward, schedule, row_order, num_busy_rows);
-  check_graph(kForward, indices, eid, num_edges);
-  const Features f = check_features(kForward, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar,
+      row_schedule(op, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  const RowOrder order = row_order_view(op, schedule, row_order, num_busy_rows);
+  check_graph(op, indices, eid, num_edges);
+  const Features f = check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar,
                                     dst_scalar, att, edge);
-  GNNIO_ENSURE(return_scores >= 0 && return_scores <= 2, kForward,
+  GNNIO_ENSURE(return_scores >= 0 && return_scores <= 2, op,
               ": return_scores must be 0 (none), 1 (before dropout) or 2 (after dropout), got ", return_scores);
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
@@ -1270,10 +1377,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
   at::Tensor part_max = at::empty({tiles, f.heads}, float_options);
   at::Tensor part_sum = at::empty({tiles, f.heads}, float_options);
   at::Tensor part_acc = at::empty({tiles, f.heads, f.channels}, float_options);
+  if (slot_rows != nullptr) {
+    GNNIO_ENSURE(slot_rows->is_cuda() && slot_rows->device() == msg_src.device() &&
+                     slot_rows->scalar_type() == at::kInt && slot_rows->dim() == 1 && slot_rows->is_contiguous() &&
+                     slot_rows->numel() == num_edges,
+                 op, ": slot_rows must be a contiguous int32 tensor of ", num_edges, " entries on ", msg_src.device(),
+                 ", got ", slot_rows->scalar_type(), " of shape ", slot_rows->sizes(), " on ", slot_rows->device());
+    GNNIO_ENSURE(num_dst < (int64_t{1} << 31), op, ": slot_rows holds int32 rows; got ", num_dst, " targets");
+  }
+  at::Tensor edge_scores = at::empty({slot_rows != nullptr ? num_edges : 0, f.heads}, float_options);
   const int vec = vector_width(f, {&out});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  GNNIO_DISPATCH_FEATURES(f.dtype, kForward, [&] {
+  GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
     Params<scalar_t> p =
         make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     p.out = out.data_ptr<scalar_t>();
@@ -1284,7 +1400,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     p.part_sum = part_sum.data_ptr<float>();
     p.part_acc = part_acc.data_ptr<float>();
     GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
-      const auto kernel = forward_kernel<KIND, VEC, scalar_t>;
+      if (slot_rows == nullptr) {
+        const auto kernel = forward_kernel<KIND, VEC, scalar_t>;
+        const dim3 grid = resident_grid(kernel, p);
+        if (grid.x == 0) return;
+        kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return;
+      }
+      if (num_edges > 0) {
+        const int64_t warps = (num_edges + kSlotsPerScoreWarp - 1) / kSlotsPerScoreWarp;
+        const int head_groups = (p.geo.heads + p.geo.heads_per_warp - 1) / p.geo.heads_per_warp;
+        const dim3 score_grid(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                              static_cast<unsigned>(head_groups));
+        edge_scores_kernel<KIND, VEC, scalar_t><<<score_grid, kWarpsPerBlock * kWarp, 0, stream>>>(
+            p, slot_rows->data_ptr<int32_t>(), num_edges, kSlotsPerScoreWarp, edge_scores.data_ptr<float>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      p.scores_in = edge_scores.data_ptr<float>();
+      const auto kernel = forward_kernel<KIND, VEC, scalar_t, true>;
       const dim3 grid = resident_grid(kernel, p);
       if (grid.x == 0) return;
       kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
@@ -1298,6 +1432,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     }
   });
   return {out, lse, scores};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
+    int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
+    const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& row_order, int64_t num_busy_rows,
+    const at::Tensor& msg_src,
+    const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
+    const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
+    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
+    double dropout, int64_t seed, int64_t offset, int64_t return_scores) {
+  return forward_impl(kForward, kind, indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr,
+                      tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att,
+                      edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
+    int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
+    const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& row_order, int64_t num_busy_rows,
+    const at::Tensor& msg_src,
+    const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
+    const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
+    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
+    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor& slot_rows) {
+  return forward_impl(kForwardEdgeBalanced, kind, indptr, indices, eid, tile_row, tile_start, heavy_rows,
+                      heavy_tile_ptr, tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar,
+                      dst_scalar, att, edge, negative_slope, scale, dropout, seed, offset, return_scores, &slot_rows);
 }
 
 template <typename scalar_t>
@@ -1566,6 +1728,9 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def("attention_forward(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores) "
         "-> (Tensor, Tensor, Tensor)");
+  m.def("attention_forward_edge_balanced(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
+        "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores, "
+        "Tensor slot_rows) -> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_target(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "Tensor grad_out, Tensor lse, float negative_slope, float scale, float dropout, int seed, int offset) "
         "-> (Tensor, Tensor, Tensor)");
@@ -1580,6 +1745,7 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
 
 TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
   m.impl("attention_forward", &gnnio::attention::attention_forward);
+  m.impl("attention_forward_edge_balanced", &gnnio::attention::attention_forward_edge_balanced);
   m.impl("attention_backward_target", &gnnio::attention::attention_backward_target);
   m.impl("attention_backward_source", &gnnio::attention::attention_backward_source);
   m.impl("attention_row_norms", &gnnio::attention::attention_row_norms);

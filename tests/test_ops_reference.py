@@ -592,3 +592,24 @@ def test_spmm_kernel_candidates_follow_dtype_width_and_alignment():
     assert flat.data_ptr() % 16 == 0
     assert kernel_candidates(flat[1:257].view(4, 64)) == ("csr-vec",)
     assert kernel_candidates(flat[8:264].view(4, 64)) == subwarp
+
+
+# ------------------------------------------------ attention schedule rules (CPU)
+def test_schedule_candidates_and_forced_schedules():
+    """Every graph's `compare --schedules` candidates end with no split and the edge-balanced forward; the
+    edge-balanced score phase's row map is the CSR row of each slot; a forced schedule must be None, a tile
+    length or that name; a super node's tiles stay at most MAX_TILES_PER_ROW per row."""
+    from gnnio_cli.ops import attention_native as native
+
+    graph = Graph.from_arrays(np.arange(10), (np.arange(10) + 1) % 10, 10, 10)
+    assert native.schedule_candidates(graph)[-1] == native.EDGE_BALANCED
+    rows = native.slot_rows(graph)
+    assert rows.dtype == torch.int32
+    assert torch.equal(rows.long(), torch.repeat_interleave(torch.arange(10), graph.csr_indptr.diff()))
+    for bad in (0, -5, "tiles", 2.5):
+        with pytest.raises(GnnioError, match="schedule must be None, a positive tile length or 'edge-balanced'"):
+            with native.forced_schedule(bad):
+                pass
+    indptr = torch.tensor([0, 2_000_000, 2_000_016])  # a super node and an ordinary row
+    tile = native.choose_tile_edges(indptr)
+    assert tile % 32 == 0 and math.ceil(2_000_000 / tile) <= native.MAX_TILES_PER_ROW

@@ -218,9 +218,17 @@ def compare_layer(named: catalog.NamedGraph, settings: workloads.Settings, again
     return {"layer": settings.layer, "settings": asdict(settings), "scope": scope, "runs": runs}
 
 
+def _schedule_label(schedule) -> str:
+    """How `compare --schedules` names a candidate: chosen, tile N (fused pass) or edge-balanced."""
+    if schedule is None:
+        return "chosen"
+    return f"tile {schedule}" if isinstance(schedule, int) else str(schedule)
+
+
 def compare_schedules(named: catalog.NamedGraph, settings: workloads.Settings, *, backward: bool, repeat: int,
                       warmup: int, bandwidth: Optional[float]) -> list[dict]:
-    """The attention op under each candidate row schedule (tile length of the split target rows)."""
+    """The attention op under each candidate schedule: the chosen one, tile lengths of the fused pass's split
+    target rows, and the edge-balanced forward (see attention_native.schedule_candidates)."""
     from gnnio_cli import native
     from gnnio_cli.ops import attention_native
 
@@ -233,11 +241,11 @@ def compare_schedules(named: catalog.NamedGraph, settings: workloads.Settings, *
     subject = workloads.op_workload(graph, settings)
     device = torch.device(settings.device)
     runs = []
-    for tile_edges in attention_native.schedule_candidates(graph):
-        with attention_native.forced_tile_edges(tile_edges):
+    for schedule in attention_native.schedule_candidates(graph):
+        with attention_native.forced_schedule(schedule):
             run = measurement_dict(measure(subject, device, backend="native", backward=backward, repeat=repeat,
                                            warmup=warmup, bandwidth_gbs=bandwidth),
-                                   label="chosen" if tile_edges is None else f"tile {tile_edges}")
+                                   label=_schedule_label(schedule))
         runs.append(run)
     for run in runs[1:]:
         run["gnnio_speedup_forward"] = run["forward_ms"]["median_ms"] / runs[0]["forward_ms"]["median_ms"]

@@ -15,6 +15,11 @@ longer rows are cut into tiles of ``tile_edges``, one warp per tile, whose
 partial softmax states a second kernel merges. The resident warps take the
 work longest first (tiles, then the light rows by descending degree, then
 the empty rows in chunks), round robin, so all of them stay busy to the end.
+A second forward schedule, ``edge-balanced`` (:data:`EDGE_BALANCED`), first
+computes every edge's score with each warp taking the same number of edges
+whatever rows they belong to, then runs the fused softmax and aggregation on
+those scores; backward is the same. It is a candidate that `compare
+--schedules` times, not the graph's choice (measured slower, see there).
 
 Limits: fp32, fp16 and bf16 features (fp64 and head widths above
 :data:`MAX_CHANNELS` run the reference, see :func:`supports`); the returned
@@ -27,10 +32,11 @@ import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch
 
+from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch
 
@@ -46,7 +52,19 @@ MIN_TILE_EDGES = 128
 TILE_AVERAGE_FACTOR = 4
 # At most about this many tiles for the longest row, so merging its partial
 # states stays cheap next to the first pass even for in-degrees in the millions.
-MAX_TILES_PER_ROW = 4096
+# rmat20 with a target of in-degree 2,000,000 (H100, `compare --schedules`,
+# GATv2 fwd / fwd+bwd): tiles of 512 (4096 per row) 4.95 / 18.1 ms, of 2048
+# 3.95 / 15.3 ms; rows below 131,072 in-edges are not affected.
+MAX_TILES_PER_ROW = 1024
+
+# The edge-balanced forward's name: a `compare --schedules` candidate besides
+# the tile lengths, and forced_schedule's, but never the graph's choice. The
+# fused pass's tiles already give every warp an equal share of a long row's
+# score work, and the separate score phase reads the source rows twice; it
+# measured slower on every graph tried (H100, forward: rmat20 GATv2 4.71 vs
+# 3.10 ms, AGNN 4.92 vs 3.90; rmat20 with a 2,000,000 in-degree target GATv2
+# 6.86 vs 4.95, Transformer 7.16 vs 6.26).
+EDGE_BALANCED = "edge-balanced"
 
 
 def supports(*tensors: Optional[torch.Tensor], channels: Optional[int] = None, return_attention: bool = False) -> bool:
@@ -143,26 +161,42 @@ def build_row_order(indptr: torch.Tensor, tile_edges: int) -> RowOrder:
 
 _forced = threading.local()
 
+Schedule = Union[None, int, str]  # None: the graph's choice; a tile length (fused); EDGE_BALANCED
+
 
 @contextmanager
-def forced_tile_edges(tile_edges: Optional[int]) -> Iterator[None]:
-    """Run the enclosed attention calls with target rows cut at `tile_edges` (None: the graph's choice).
+def forced_schedule(schedule: Schedule) -> Iterator[None]:
+    """Run the enclosed attention calls under `schedule`: None (the graph's choice), a tile length for the
+    fused pass's target rows, or EDGE_BALANCED (with the graph's tile length for its fused pass).
 
     For `gnnio compare --schedules`, which times each candidate to check the choice.
     """
-    previous = getattr(_forced, "tile_edges", None)
-    _forced.tile_edges = tile_edges
+    if schedule is not None and schedule != EDGE_BALANCED and not (isinstance(schedule, int) and schedule > 0):
+        raise GnnioError(f"schedule must be None, a positive tile length or '{EDGE_BALANCED}', got {schedule!r}")
+    previous = getattr(_forced, "schedule", None)
+    _forced.schedule = schedule
     try:
         yield
     finally:
-        _forced.tile_edges = previous
+        _forced.schedule = previous
 
 
-def schedule_candidates(graph: Graph) -> list[Optional[int]]:
-    """Tile lengths worth timing for `graph`'s target rows: the chosen one (None), fixed sizes, and no split."""
+def schedule_candidates(graph: Graph) -> list[Schedule]:
+    """Schedules worth timing on `graph`: the chosen one (None), fixed tile lengths, no split, edge-balanced."""
     longest = int(graph.in_degree.max()) if graph.num_edges else 0
     fixed = [size for size in (128, 512, 2048) if size < longest]
-    return [None, *fixed, max(longest, MIN_TILE_EDGES)]
+    return [None, *fixed, max(longest, MIN_TILE_EDGES), EDGE_BALANCED]
+
+
+def slot_rows(graph: Graph) -> torch.Tensor:
+    """int32 [E]: the CSR row (target) of each slot, cached on the graph (the edge-balanced score phase's map)."""
+
+    def build() -> torch.Tensor:
+        indptr = graph.csr_indptr
+        rows = torch.arange(indptr.numel() - 1, device=indptr.device, dtype=torch.int32)
+        return torch.repeat_interleave(rows, indptr.diff(), output_size=graph.num_edges)
+
+    return graph.cached(("attention_slot_rows",), build)
 
 
 def row_schedule(graph: Graph, side: str, tile_edges: Optional[int] = None) -> RowSchedule:
@@ -197,6 +231,21 @@ class _Call:
     seed: int
     offset: int
     return_scores: int  # 0 none, 1 raw scores, 2 raw scores with -inf where dropped
+    slot_rows: Optional[torch.Tensor] = None  # set: the edge-balanced forward (its score phase's row map)
+
+    @property
+    def schedule_name(self) -> str:
+        return f"{EDGE_BALANCED} scores + fused {self.csr.name}" if self.slot_rows is not None else f"fused {self.csr.name}"
+
+    def forward(self, tensors: tuple) -> tuple:
+        """(out, lse, scores) of the forward op this call's schedule names."""
+        if self.slot_rows is None:
+            return torch.ops.gnnio.attention_forward(
+                self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores
+            )
+        return torch.ops.gnnio.attention_forward_edge_balanced(
+            self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, self.slot_rows
+        )
 
     def csr_args(self) -> tuple:
         g = self.graph
@@ -222,9 +271,7 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: _Call, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge):
         tensors = (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge)
-        out, lse, scores = torch.ops.gnnio.attention_forward(
-            call.kind, *call.csr_args(), *tensors, *call.score_args(), call.return_scores
-        )
+        out, lse, scores = call.forward(tensors)
         ctx.call = call
         ctx.save_for_backward(*tensors, lse)
         ctx.mark_non_differentiable(lse, scores)
@@ -265,7 +312,10 @@ def _make_call(
     weights_after_dropout: bool,
 ) -> _Call:
     """The schedules, dropout seed and flags of one fused call (dropout 0 outside training)."""
-    csr, csc = row_schedule(graph, "csr", getattr(_forced, "tile_edges", None)), row_schedule(graph, "csc")
+    forced = getattr(_forced, "schedule", None)
+    tile_edges = forced if isinstance(forced, int) else None
+    edge_balanced = forced == EDGE_BALANCED
+    csr, csc = row_schedule(graph, "csr", tile_edges), row_schedule(graph, "csc")
     dropout = float(dropout) if training else 0.0
     seed = offset = 0
     if dropout > 0.0:
@@ -274,12 +324,12 @@ def _make_call(
     return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
     csr_order, csc_order = row_order(graph, "csr", csr), row_order(graph, "csc", csc)
     return _Call(kind, graph, csr, csc, csr_order, csc_order, float(negative_slope), float(scale), dropout, seed,
-                 offset, return_scores)
+                 offset, return_scores, slot_rows(graph) if edge_balanced else None)
 
 
 def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: torch.Tensor, return_attention: bool):
     """Record the schedule that ran; out, or (out, alpha [E, H] in eid order)."""
-    dispatch.record(op, f"fused {call.csr.name}")
+    dispatch.record(op, call.schedule_name)
     if not return_attention:
         return out
     dropout = call.dropout if call.return_scores == 2 else 0.0
@@ -367,10 +417,7 @@ class _CosineAttention(torch.autograd.Function):
         norm_dst = norm_src if shared else torch.ops.gnnio.attention_row_norms(x_dst)
         x_dst = x_src if shared else x_dst
         beta_f32 = beta.detach().to(torch.float32).reshape(1)
-        out, lse, scores = torch.ops.gnnio.attention_forward(
-            COSINE, *call.csr_args(), *_cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32),
-            *call.score_args(), call.return_scores,
-        )  # fmt: skip
+        out, lse, scores = call.forward(_cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32))
         ctx.call, ctx.shared = call, shared
         ctx.beta_shape, ctx.beta_dtype = beta.shape, beta.dtype
         ctx.save_for_backward(x_src, norm_src, x_dst, norm_dst, beta_f32, lse)
