@@ -31,7 +31,9 @@
 // cosine reaches x through u = x / m, d x = (d u - a <d u, u> u) / m. So
 //   d x_src = V + (G - a <G, u> u) / m  with G = B (+ A when x_dst is x_src),
 //   d x_dst = (A - a <A, u_dst> u_dst) / m_dst  otherwise;
-// attention_unit_rows_backward does this in one pass per row, u = x / m computed there.
+// The source pass applies the first at the end of each light row (A read
+// back from the target pass); attention_unit_rows_backward (u = x / m
+// computed there) does it for the heavy rows' summed tiles and gives d x_dst.
 //
 // Rows longer than the schedule's tile are cut into tiles of one warp each
 // (common.cuh's RowSchedule); forward tiles keep (max, sum, accumulator)
@@ -65,6 +67,7 @@ struct Params {
   const scalar_t* key_src;     // [Ns, H, C] key (Dot)
   const scalar_t* dst_vec;     // [Nd, H, C] x_dst (GATv2, Cosine) or query (Dot)
   const float* src_norm;       // [Ns, H] fp32 row norms |x_src| (Cosine)
+  const scalar_t* unit_grad;   // [Ns, H, C] Cosine source pass: d u_dst from the target pass when x_dst is x_src
   const float* dst_norm;       // [Nd, H] fp32 row norms |x_dst| (Cosine)
   const float* beta;           // [H] fp32 score factor (Cosine)
   const scalar_t* src_scalar;  // [Ns, H] alpha_src (GAT)
@@ -893,6 +896,40 @@ __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int p
   }
 }
 
+// Cosine's source rows end here rather than in a node pass: with
+// u = x / m, m = max(|x|, floor), a = (|x| >= floor) and G = B (+ A, the
+// target pass's d u of the same row when x_dst is x_src),
+//   d x = V + (G - a <G, u> u) / m,
+// F.normalize's backward as attention_unit_rows_backward applies it (u a
+// quotient, so one channel gives exactly +-1). `source_grad` holds V on entry.
+template <int VEC, typename scalar_t>
+__device__ __forceinline__ void cosine_source_row_grad(const Params<scalar_t>& p, int64_t row, const LaneGeometry& geo,
+                                                       const Lane<VEC>& lane, const Chunks<VEC>& x, float norm,
+                                                       const Chunks<VEC>& unit_grad, Chunks<VEC>& source_grad) {
+  constexpr int K = Layout<VEC>::kChunks;
+  Chunks<VEC> grad;
+  if (p.unit_grad != nullptr) {
+    load_row<VEC>(p.unit_grad, row, geo, lane, grad);
+  } else {
+    set_zero<VEC>(grad);
+  }
+  add_to<VEC>(grad, unit_grad);
+  const float divisor = clamped_norm(norm);
+  const float inverse = 1.f / divisor;
+  float radial = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) radial += grad[k][v] * (x[k][v] / divisor);
+  radial = head_sum(radial, geo.lanes_per_head);
+  // clamp_min passes the norm's gradient only where norm >= floor (a NaN norm gets none)
+  const float kept = norm >= kNormFloor ? radial : 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) source_grad[k][v] += (grad[k][v] - kept * (x[k][v] / divisor)) * inverse;
+}
+
 // ----------------------------------------------------- backward, source side
 template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<VEC>()) backward_source_kernel(const Params<scalar_t> p) {
@@ -913,10 +950,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
     Chunks<VEC> message, key;
     load_row<VEC>(p.msg_src, item.row, geo, lane, message);
     if constexpr (KIND == kDot) load_row<VEC>(p.key_src, item.row, geo, lane, key);
-    float alpha_src = 0.f, inverse_norm = 1.f;
+    float alpha_src = 0.f, norm = 0.f, inverse_norm = 1.f;
     if constexpr (KIND == kGat) alpha_src = load_scalar(p.src_scalar, item.row, geo, lane.head, lane.head_ok);
-    if constexpr (KIND == kCosine)
-      inverse_norm = 1.f / clamped_norm(load_scalar(p.src_norm, item.row, geo, lane.head, lane.head_ok));
+    if constexpr (KIND == kCosine) {
+      norm = load_scalar(p.src_norm, item.row, geo, lane.head, lane.head_ok);
+      inverse_norm = 1.f / clamped_norm(norm);
+    }
 
     Chunks<VEC> source_grad, key_grad;
     set_zero<VEC>(source_grad);
@@ -1043,8 +1082,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
     });
 
     if (item.partial < 0) {
+      // Cosine: d x_src whole (the heavy rows' tiles get it from a node pass over those rows)
+      if constexpr (KIND == kCosine) cosine_source_row_grad<VEC>(p, item.row, geo, lane, message, norm, key_grad, source_grad);
       store_row<VEC>(p.grad_vec, item.row, geo, lane, source_grad);
-      if constexpr (KIND == kDot || KIND == kCosine) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
+      if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
       if (KIND == kGat && writer) p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_grad);
     } else {
       store_row<VEC>(p.part_vec, item.partial, geo, lane, source_grad);
@@ -1054,8 +1095,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   }, [&](int64_t row) {
     Chunks<VEC> zero;
     set_zero<VEC>(zero);
-    store_row<VEC>(p.grad_vec, row, geo, lane, zero);
-    if constexpr (KIND == kDot || KIND == kCosine) store_row<VEC>(p.grad_vec2, row, geo, lane, zero);
+    if constexpr (KIND == kCosine) {
+      // no out-edges: V = B = 0, but A (x_dst is x_src) may not be
+      Chunks<VEC> x, grad;
+      set_zero<VEC>(grad);
+      load_row<VEC>(p.msg_src, row, geo, lane, x);
+      const float norm = load_scalar(p.src_norm, row, geo, lane.head, lane.head_ok);
+      cosine_source_row_grad<VEC>(p, row, geo, lane, x, norm, zero, grad);
+      store_row<VEC>(p.grad_vec, row, geo, lane, grad);
+    } else {
+      store_row<VEC>(p.grad_vec, row, geo, lane, zero);
+    }
+    if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, row, geo, lane, zero);
     if (KIND == kGat && writer) p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
   });
 }
@@ -1086,13 +1137,18 @@ __global__ void row_norms_kernel(const scalar_t* __restrict__ x, int64_t rows, i
   if (lane == 0) norm[row] = sqrtf(squares);
 }
 
+// `nodes` (optional): only these nodes' rows (all heads), e.g. the heavy
+// source rows whose d x the source pass leaves to this kernel; `direct` may
+// then be `grad_x` itself (each element is read before the same thread
+// writes it), so neither is __restrict__.
 template <typename scalar_t>
 __global__ void unit_rows_backward_kernel(const scalar_t* __restrict__ x, const float* __restrict__ norm,
                                           const scalar_t* __restrict__ grad1, const scalar_t* __restrict__ grad2,
-                                          const scalar_t* __restrict__ direct, int64_t rows, int channels,
-                                          scalar_t* __restrict__ grad_x) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= rows) return;  // warp-uniform
+                                          const scalar_t* direct, int64_t rows, const int64_t* __restrict__ nodes,
+                                          int heads, int channels, scalar_t* grad_x) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (index >= rows) return;  // warp-uniform
+  const int64_t row = nodes != nullptr ? nodes[index / heads] * heads + index % heads : index;
   const int lane = threadIdx.x & (kWarp - 1);
   const int64_t base = row * channels;
   auto grad_at = [&](int64_t i) {
@@ -1231,6 +1287,8 @@ Features check_features(const char* op, int64_t kind, int64_t num_dst, int64_t n
     check_tensor(op, "dst_scalar", required(op, "dst_scalar", dst_scalar, kind), at::kFloat, {num_dst, h});
     check_tensor(op, "att", required(op, "att", att, kind), at::kFloat, {h});
     GNNIO_ENSURE(!edge.has_value(), op, ": kind 3 (cosine) takes no edge features");
+    // key_src's slot: the target pass's d u of the same rows (source pass, x_dst is x_src)
+    if (key_src.has_value()) check_tensor(op, "key_src", *key_src, dtype, {ns, h, c});
   }
   if (edge.has_value()) {
     if (kind == kGat)
@@ -1299,6 +1357,7 @@ Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, con
   if (f.kind == kCosine) {
     p.src_norm = f.src_scalar->data_ptr<float>();
     p.dst_norm = f.dst_scalar->data_ptr<float>();
+    p.unit_grad = ptr_or_null<scalar_t>(f.key_src);  // source pass only
     p.beta = f.att->data_ptr<float>();
   } else {
     p.src_scalar = ptr_or_null<scalar_t>(f.src_scalar);
@@ -1556,6 +1615,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
   return {grad_dst, grad_att, delta};
 }
 
+// Blocks of the node-level Cosine kernels: one warp per (node, head) row.
+unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
@@ -1585,8 +1647,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
   const int64_t tiles = schedule.num_tiles;
 
   at::Tensor grad_msg = at::empty({num_src, f.heads, f.channels}, msg_src.options());
-  const bool has_key = kind == kDot || kind == kCosine;  // Cosine: d u_src through the score
-  at::Tensor grad_key = at::empty({has_key ? num_src : 0, f.heads, f.channels}, msg_src.options());
+  // Cosine: d u_src through the scores, kept only for the heavy rows' node pass (the light rows' is folded in)
+  const bool has_key = kind == kDot || kind == kCosine;
+  const int64_t key_rows = kind == kDot || (kind == kCosine && schedule.num_heavy > 0) ? num_src : 0;
+  at::Tensor grad_key = at::empty({key_rows, f.heads, f.channels}, msg_src.options());
   at::Tensor grad_scalar = at::empty({kind == kGat ? num_src : 0, f.heads}, msg_src.options());
   at::Tensor grad_edge = edge.has_value() ? at::empty_like(*edge) : at::empty({0}, msg_src.options());
   at::Tensor part_vec = at::empty({tiles, f.heads, f.channels}, float_options);
@@ -1618,14 +1682,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
     sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec, grad_msg, stream);
     if (has_key) sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec2, grad_key, stream);
     if (kind == kGat) sum_tiles<scalar_t>(schedule, f.heads, part_scalar, grad_scalar, stream);
+    if (kind == kCosine && schedule.num_heavy > 0) {
+      // the heavy rows' d x_src = V + F.normalize's backward of B (+ A), V already in grad_msg
+      const int64_t rows = schedule.num_heavy * f.heads;
+      unit_rows_backward_kernel<scalar_t><<<unit_row_blocks(rows), kWarpsPerBlock * kWarp, 0, stream>>>(
+          p.msg_src, p.src_norm, grad_key.data_ptr<scalar_t>(), p.unit_grad, grad_msg.data_ptr<scalar_t>(), rows,
+          schedule.heavy_rows, static_cast<int>(f.heads), static_cast<int>(f.channels),
+          grad_msg.data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
   });
+  if (kind == kCosine) grad_key = at::empty({0}, msg_src.options());  // scratch, not an output
   return {grad_msg, grad_key, grad_scalar, grad_edge};
 }
 
 constexpr const char* kRowNorms = "gnnio::attention_row_norms";
 constexpr const char* kUnitRowsBackward = "gnnio::attention_unit_rows_backward";
-
-unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 void check_rows(const char* op, const char* name, const at::Tensor& t) {
   GNNIO_ENSURE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
@@ -1670,8 +1742,8 @@ at::Tensor attention_unit_rows_backward(const at::Tensor& x, const at::Tensor& n
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
     unit_rows_backward_kernel<scalar_t><<<unit_row_blocks(rows), kWarpsPerBlock * kWarp, 0, stream>>>(
         x.data_ptr<scalar_t>(), norm.data_ptr<float>(), grad_unit.data_ptr<scalar_t>(),
-        ptr_or_null<scalar_t>(grad_unit2), ptr_or_null<scalar_t>(direct), rows, static_cast<int>(x.size(2)),
-        grad_x.data_ptr<scalar_t>());
+        ptr_or_null<scalar_t>(grad_unit2), ptr_or_null<scalar_t>(direct), rows, nullptr,
+        static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), grad_x.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return grad_x;
@@ -1713,8 +1785,9 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   for the source pass).
 // attention_backward_source -> (grad of msg_src, grad of key_src (dot, else
 //   empty), grad of src_scalar (GAT, else empty), grad of edge (else empty)).
-//   Cosine: msg_src's slot holds d out / d x_src through the messages,
-//   key_src's slot d out / d u_src through the scores.
+//   Cosine: the first holds the whole d out / d x_src (messages, scores, and
+//   F.normalize's backward; with key_src set to the target pass's d u_dst when
+//   x_dst is x_src, that too), the others are empty.
 // attention_row_norms(x [N, H, C]) -> |x| fp32 [N, H].
 // attention_unit_rows_backward(x, norm, grad_unit, grad_unit2?, direct?) ->
 //   direct + the gradient through x / max(|x|, 1e-12) of grad_unit + grad_unit2.

@@ -192,7 +192,7 @@ class FakeCosineKernels:
         assert kind == 3, kind
         rest = args[4 + FakeCosineKernels.SCHEDULE_ARGS :]
         x_src, key_src, x_dst, norm_src, norm_dst, beta, edge = rest[:7]
-        assert key_src is None and edge is None
+        assert edge is None
         rows = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
         # the target's unit rows, as the kernels form them from x_dst and its norm
         u_dst = x_dst[:, 0] / norm_dst[:, 0].double().clamp_min(FLOOR).unsqueeze(-1)
@@ -238,9 +238,14 @@ class FakeCosineKernels:
         prob, dp, _ = self._score_grad(src, dst, x_src, u_dst, n_src, beta, scale, grad_out, lse)
         score_grad = prob * (dp - delta[dst])
         grad_message = scatter_rows(src, prob.unsqueeze(-1) * grad_out[dst], x_src.shape[0])
-        grad_unit_src = beta * scale * scatter_rows(src, score_grad.unsqueeze(-1) * u_dst[dst], x_src.shape[0])
+        grad_unit = beta * scale * scatter_rows(src, score_grad.unsqueeze(-1) * u_dst[dst], x_src.shape[0])
+        unit_grad_dst = args[4 + self.SCHEDULE_ARGS + 1]  # key_src's slot: d u_dst when x_dst is x_src
+        if unit_grad_dst is not None:
+            grad_unit = grad_unit + unit_grad_dst[:, 0]
+        unit = x_src / n_src.double().clamp_min(FLOOR).unsqueeze(-1)
+        grad_x = grad_message + unit_rows_backward(grad_unit, unit, n_src.double())
         empty = torch.empty(0)
-        return grad_message.unsqueeze(1), grad_unit_src.unsqueeze(1), empty, empty
+        return grad_x.unsqueeze(1), empty, empty, empty
 
     def attention_row_norms(self, x):
         return unit_rows(x)[1].float()

@@ -405,8 +405,9 @@ class _CosineAttention(torch.autograd.Function):
     kernels read the rows themselves (exact in every dtype) with their norms,
     cosine = <x_dst, x_src> / max(|x_src|, 1e-12) / max(|x_dst|, 1e-12), the
     message x_src. Backward: the target pass gives d u_dst and d beta (u =
-    F.normalize(x)), the source pass d u_src (scores) and d x_src (messages),
-    and one pass per row applies F.normalize's backward and adds them up.
+    F.normalize(x)); the source pass gives d x_src whole: through the messages
+    and, by F.normalize's backward at the end of each row, through the scores
+    (and d u_dst when x_dst is x_src); a node pass gives d x_dst otherwise.
     lse and scores carry no gradient.
     """
 
@@ -433,16 +434,14 @@ class _CosineAttention(torch.autograd.Function):
         grad_unit_dst, grad_beta, delta = torch.ops.gnnio.attention_backward_target(
             COSINE, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
         )
-        grad_message, grad_unit_src, _, _ = torch.ops.gnnio.attention_backward_source(
-            COSINE, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args()
+        # The source pass returns d x_src whole; when x_dst is x_src it also takes d u_dst (key_src's slot).
+        source_tensors = (x_src, grad_unit_dst if ctx.shared else None, *tensors[2:])
+        grad_src, _, _, _ = torch.ops.gnnio.attention_backward_source(
+            COSINE, *call.csc_args(), *source_tensors, grad_out, lse, delta, *call.score_args()
         )
-        unit_rows_backward = torch.ops.gnnio.attention_unit_rows_backward
-        if ctx.shared:
-            grad_src = unit_rows_backward(x_src, norm_src, grad_unit_src, grad_unit_dst, grad_message)
-            grad_dst = None
-        else:
-            grad_src = unit_rows_backward(x_src, norm_src, grad_unit_src, None, grad_message)
-            grad_dst = unit_rows_backward(x_dst, norm_dst, grad_unit_dst, None, None)
+        grad_dst = None
+        if not ctx.shared:
+            grad_dst = torch.ops.gnnio.attention_unit_rows_backward(x_dst, norm_dst, grad_unit_dst, None, None)
         return None, grad_src, grad_dst, grad_beta.reshape(ctx.beta_shape).to(ctx.beta_dtype)
 
 
