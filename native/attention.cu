@@ -380,52 +380,52 @@ __device__ __forceinline__ void for_each_item(const Params<scalar_t>& p, int lan
   }
 }
 
-// The forward's score arithmetic, shared with the edge-balanced score phase
-// so both give the same numbers. step_partials: this lane's share of each of
-// a step's U edges' scores into one target, from the gathered source rows
-// `message` (x_src, or value for Dot, to which it adds the edge features as
-// the message needs); finish_score turns one share into the raw score.
+// The score arithmetic of the forward, the edge-balanced score phase and the
+// backward target pass, so all give the same numbers. step_partials: this
+// lane's share of each of a step's U edges' scores into one target, from the
+// gathered source rows `message` (x_src, or value for Dot, to which it adds
+// the edge features as the message needs); finish_score turns one share into
+// the raw score. What the backward target pass also needs comes out in
+// `kept` (Dot's key plus edge features, GATv2's hidden x_src + x_dst + edge)
+// and `z` (GAT's score before its LeakyReLU); the forward leaves them unused.
 template <int KIND, int VEC, int U, typename scalar_t>
 __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const int64_t (&neighbour)[U],
                                               const StepEdges& edge_id, const LaneGeometry& geo, const Lane<VEC>& lane,
                                               const Chunks<VEC>& target, float alpha_dst, const Chunks<VEC>& att,
                                               Chunks<VEC> (&message)[U], float (&partial)[U],
-                                              float (&inverse_norm)[U]) {
+                                              float (&inverse_norm)[U], Chunks<VEC> (&kept)[U], float (&z)[U]) {
   constexpr int K = Layout<VEC>::kChunks;
   if constexpr (KIND == kCosine) {
     cosine_terms<VEC, U>(p, neighbour, geo, lane, target, message, inverse_norm, partial);
   } else if constexpr (KIND == kDot) {
-    Chunks<VEC> key[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
+    for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, kept[u]);
     if (p.edge) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         Chunks<VEC> feature;
         load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-        add_to<VEC>(key[u], feature);
+        add_to<VEC>(kept[u], feature);
         add_to<VEC>(message[u], feature);
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, key[u]);
+    for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, kept[u]);
   } else if constexpr (KIND == kGatV2) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      Chunks<VEC> hidden;
 #pragma unroll
       for (int k = 0; k < K; ++k)
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) hidden[k][v] = message[u][k][v] + target[k][v];
+        for (int v = 0; v < VEC; ++v) kept[u][k][v] = message[u][k][v] + target[k][v];
       if (p.edge) {
         Chunks<VEC> feature;
         load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-        add_to<VEC>(hidden, feature);
+        add_to<VEC>(kept[u], feature);
       }
-      partial[u] = gatv2_partial<VEC>(att, hidden, p.slope);
+      partial[u] = gatv2_partial<VEC>(att, kept[u], p.slope);
     }
   } else {
-    float z[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok) + alpha_dst;
     if (p.edge) {
@@ -503,8 +503,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
           }
         }
       } else {
+        Chunks<VEC> kept[U];  // the backward's; unused here
+        float z[U];
         step_partials<KIND, VEC, U>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
-                                    inverse_norm);
+                                    inverse_norm, kept, z);
       }
       float score[U], drop[U];
       float new_max = run_max;
@@ -603,9 +605,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) edge_scores_kernel(cons
     } else {
       set_zero<VEC>(message[0]);  // GAT's and Dot's scores read no message row
     }
-    float partial[1], inverse_norm[1];
+    float partial[1], inverse_norm[1], z[1];
+    Chunks<VEC> kept[1];  // the backward's; unused here
     step_partials<KIND, VEC, 1>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
-                                inverse_norm);
+                                inverse_norm, kept, z);
     const float score = finish_score<KIND>(partial[0], inverse_norm[0], target_inverse_norm, factor, geo);
     if (writer && valid[0]) scores_out[slot * geo.heads + lane.head] = score;
   });
@@ -696,44 +699,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       float partial[U], message_dot[U], z[U], inverse_norm[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) load_row<VEC>(p.msg_src, neighbour[u], geo, lane, message[u]);
-      if constexpr (KIND == kCosine) {
-        cosine_terms<VEC, U>(p, neighbour, geo, lane, target, message, inverse_norm, partial);
-      } else if constexpr (KIND == kDot) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
-        if (p.edge) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-            add_to<VEC>(key[u], feature);
-            add_to<VEC>(message[u], feature);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, key[u]);
-      } else if constexpr (KIND == kGatV2) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-          for (int k = 0; k < K; ++k)
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) key[u][k][v] = message[u][k][v] + target[k][v];
-          if (p.edge) {
-            Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-            add_to<VEC>(key[u], feature);
-          }
-          partial[u] = gatv2_partial<VEC>(att, key[u], p.slope);
-        }
-      } else {
-#pragma unroll
-        for (int u = 0; u < U; ++u) z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok) + alpha_dst;
-        if (p.edge) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, lane.head_ok);
-        }
-      }
+      step_partials<KIND, VEC, U>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
+                                  inverse_norm, key, z);
 #pragma unroll
       for (int u = 0; u < U; ++u) message_dot[u] = dot<VEC>(grad, message[u]);
 #pragma unroll
