@@ -613,3 +613,26 @@ def test_schedule_candidates_and_forced_schedules():
     indptr = torch.tensor([0, 2_000_000, 2_000_016])  # a super node and an ordinary row
     tile = native.choose_tile_edges(indptr)
     assert tile % 32 == 0 and math.ceil(2_000_000 / tile) <= native.MAX_TILES_PER_ROW
+
+
+def test_kernel_choice_forced_single_and_cached(monkeypatch):
+    """spmm_native.choose_kernel, which both the SpMM family and max/min use: an environment variable forces
+    a kernel (one the input cannot take gives the fallback; an unknown name is a one-line error), a single
+    candidate needs no timing, and a timed choice is kept per key."""
+    from gnnio_cli.ops.spmm_native import choose_kernel
+
+    def never_run(kernel):
+        raise AssertionError(f"{kernel} was timed")
+
+    def choose(candidates, chosen=None):
+        return choose_kernel(candidates, variable="GNNIO_TEST_KERNEL", names=("a", "b", "c"), fallback="a",
+                             chosen={} if chosen is None else chosen, key="k", run=never_run)
+
+    monkeypatch.setenv("GNNIO_TEST_KERNEL", "b")
+    assert choose(("a", "b")) == "b" and choose(("a",)) == "a"
+    monkeypatch.setenv("GNNIO_TEST_KERNEL", "z")
+    with pytest.raises(GnnioError, match=r"^GNNIO_TEST_KERNEL must be one of a, b, c, got 'z'$"):
+        choose(("a", "b"))
+    monkeypatch.delenv("GNNIO_TEST_KERNEL")
+    assert choose(("c",)) == "c"
+    assert choose(("a", "b"), chosen={"k": "b"}) == "b"

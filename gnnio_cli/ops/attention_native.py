@@ -336,28 +336,12 @@ def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: 
     return out, _attention_weights(call.graph, scores, lse, dropout, out.dtype)
 
 
-def _run(
-    op: str,
-    kind: int,
-    graph: Graph,
-    tensors: tuple,
-    *,
-    negative_slope: float,
-    scale: float,
-    dropout: float,
-    training: bool,
-    return_attention: bool,
-    weights_after_dropout: bool,
-):
-    """Run the fused op; returns out or (out, alpha [E, H] in eid order)."""
+def _run(op: str, kind: int, graph: Graph, tensors: tuple, **call_options):
+    """Run the fused op with :func:`_make_call`'s keyword options; returns out or (out, alpha [E, H] in eid order)."""
     tensors = tuple(None if t is None else t.contiguous() for t in tensors)
-    call = _make_call(
-        kind, graph, tensors[0].shape[1], tensors[0].device, negative_slope=negative_slope, scale=scale,
-        dropout=dropout, training=training, return_attention=return_attention,
-        weights_after_dropout=weights_after_dropout,
-    )  # fmt: skip
+    call = _make_call(kind, graph, tensors[0].shape[1], tensors[0].device, **call_options)
     out, lse, scores = _FusedAttention.apply(call, *tensors)
-    return _finish(op, call, out, lse, scores, return_attention)
+    return _finish(op, call, out, lse, scores, call_options["return_attention"])
 
 
 def _attention_weights(graph: Graph, scores: torch.Tensor, lse: torch.Tensor, dropout: float, dtype) -> torch.Tensor:

@@ -27,12 +27,10 @@ deterministic. Empty rows give 0 and send no gradient.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch, spmm_native
 from gnnio_cli.ops.attention_native import row_order, row_schedule
@@ -106,22 +104,11 @@ def extremum_kernel(graph: Graph, x: torch.Tensor, is_min: bool) -> str:
     """The forward kernel for this input: forced by GNNIO_EXTREMUM_KERNEL, else the faster candidate (timed once
     per graph, dtype and width; 'warp' inside CUDA graph capture, where nothing can be timed)."""
     candidates = extremum_candidates(graph, x)
-    forced = os.environ.get("GNNIO_EXTREMUM_KERNEL")
-    if forced:
-        if forced not in EXTREMUM_KERNELS:
-            raise GnnioError(
-                f"GNNIO_EXTREMUM_KERNEL must be one of {', '.join(EXTREMUM_KERNELS)}, got '{forced}'"
-            )
-        return forced if forced in candidates else "warp"
-    if len(candidates) == 1:
-        return candidates[0]
-    chosen = graph.cached("extremum_kernel_choice", dict)
-    key = (x.dtype, x.shape[1], candidates)
-    if key not in chosen:
-        if torch.cuda.is_current_stream_capturing():
-            return "warp"
-        chosen[key] = spmm_native.fastest(candidates, lambda kernel: _run_forward(kernel, graph, x, is_min))
-    return chosen[key]
+    return spmm_native.choose_kernel(
+        candidates, variable="GNNIO_EXTREMUM_KERNEL", names=EXTREMUM_KERNELS, fallback="warp",
+        chosen=graph.cached("extremum_kernel_choice", dict), key=(x.dtype, x.shape[1], candidates),
+        run=lambda kernel: _run_forward(kernel, graph, x, is_min),
+    )  # fmt: skip
 
 
 class _Extremum(torch.autograd.Function):

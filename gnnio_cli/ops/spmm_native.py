@@ -82,6 +82,29 @@ def fastest(candidates: tuple[str, ...], run: Callable[[str], object]) -> str:
     return min(timings, key=timings.get)
 
 
+def choose_kernel(candidates: tuple[str, ...], *, variable: str, names: tuple[str, ...], fallback: str, chosen: dict,
+                  key, run: Callable[[str], object]) -> str:
+    """One input's kernel among `candidates` (its first is `fallback`, which takes every input).
+
+    The environment `variable` (one of `names`) forces a kernel; one that cannot
+    take the input gives `fallback`. Otherwise the only candidate, or the fastest
+    by :func:`fastest`, timed on the first call per `key` and kept in `chosen`
+    (`fallback` inside CUDA graph capture, where nothing can be timed).
+    """
+    forced = os.environ.get(variable)
+    if forced:
+        if forced not in names:
+            raise GnnioError(f"{variable} must be one of {', '.join(names)}, got '{forced}'")
+        return forced if forced in candidates else fallback
+    if len(candidates) == 1:
+        return candidates[0]
+    if key not in chosen:
+        if torch.cuda.is_current_stream_capturing():
+            return fallback
+        chosen[key] = fastest(candidates, run)
+    return chosen[key]
+
+
 def kernel_candidates(x: torch.Tensor) -> tuple[str, ...]:
     """The kernels that may compute A @ x for this x [num_cols, F] (contiguous), in the order they are timed."""
     if x.dtype == torch.float32:
@@ -144,19 +167,10 @@ class OperatorSide:
 
     def _kernel(self, x: torch.Tensor) -> str:
         candidates = kernel_candidates(x)
-        forced = os.environ.get("GNNIO_SPMM_KERNEL")
-        if forced:
-            if forced not in KERNELS:
-                raise GnnioError(f"GNNIO_SPMM_KERNEL must be one of {', '.join(KERNELS)}, got '{forced}'")
-            return forced if forced in candidates else "csr-vec"
-        if len(candidates) == 1:
-            return candidates[0]
-        key = (x.dtype, x.shape[1], candidates)
-        if key not in self.chosen:
-            if torch.cuda.is_current_stream_capturing():
-                return "csr-vec"
-            self.chosen[key] = fastest(candidates, lambda kernel: self._run(kernel, x))
-        return self.chosen[key]
+        return choose_kernel(
+            candidates, variable="GNNIO_SPMM_KERNEL", names=KERNELS, fallback="csr-vec", chosen=self.chosen,
+            key=(x.dtype, x.shape[1], candidates), run=lambda kernel: self._run(kernel, x),
+        )  # fmt: skip
 
     def _cusparse_form(self, dtype: torch.dtype) -> _CusparseForm:
         if dtype not in self.cusparse_forms:
