@@ -380,6 +380,22 @@ __device__ __forceinline__ void for_each_item(const Params<scalar_t>& p, int lan
   }
 }
 
+// Adds each of a step's U edges' feature rows to rows[u] and, when given, to
+// also[u]: Dot's edge features join both its key and its message.
+template <int VEC, int U, typename scalar_t>
+__device__ __forceinline__ void add_edge_features(const Params<scalar_t>& p, const StepEdges& edge_id,
+                                                  const LaneGeometry& geo, const Lane<VEC>& lane,
+                                                  Chunks<VEC> (&rows)[U], Chunks<VEC> (*also)[U] = nullptr) {
+  if (!p.edge) return;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    Chunks<VEC> feature;
+    load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
+    add_to<VEC>(rows[u], feature);
+    if (also != nullptr) add_to<VEC>((*also)[u], feature);
+  }
+}
+
 // The score arithmetic of the forward, the edge-balanced score phase and the
 // backward target pass, so all give the same numbers. step_partials: this
 // lane's share of each of a step's U edges' scores into one target, from the
@@ -400,15 +416,7 @@ __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const i
   } else if constexpr (KIND == kDot) {
 #pragma unroll
     for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, kept[u]);
-    if (p.edge) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        Chunks<VEC> feature;
-        load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-        add_to<VEC>(kept[u], feature);
-        add_to<VEC>(message[u], feature);
-      }
-    }
+    add_edge_features<VEC, U>(p, edge_id, geo, lane, kept, &message);
 #pragma unroll
     for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, kept[u]);
   } else if constexpr (KIND == kGatV2) {
@@ -492,16 +500,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
       if constexpr (PRECOMPUTED) {
         // the edge-balanced score phase wrote the scores (edge_scores_kernel); Dot's messages still take the
         // edge features
-        if constexpr (KIND == kDot) {
-          if (p.edge) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-              Chunks<VEC> feature;
-              load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-              add_to<VEC>(message[u], feature);
-            }
-          }
-        }
+        if constexpr (KIND == kDot) add_edge_features<VEC, U>(p, edge_id, geo, lane, message);
       } else {
         Chunks<VEC> kept[U];  // the backward's; unused here
         float z[U];
@@ -954,15 +953,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
               key_edge[u][k][v] = key[k][v];
               message_edge[u][k][v] = message[k][v];
             }
-        if (p.edge) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            Chunks<VEC> feature;
-            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-            add_to<VEC>(key_edge[u], feature);
-            add_to<VEC>(message_edge[u], feature);
-          }
-        }
+        add_edge_features<VEC, U>(p, edge_id, geo, lane, key_edge, &message_edge);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           partial[u] = dot<VEC>(target[u], key_edge[u]);

@@ -69,6 +69,16 @@ __device__ __forceinline__ bool beats(float value, int32_t position, float best,
   return position < best_position;
 }
 
+// One output row's VEC features from their winners; an empty row has no winner: 0, as PyG.
+template <typename scalar_t, int VEC>
+__device__ __forceinline__ void store_winners(scalar_t* out, const float (&best)[VEC], const int32_t (&best_position)[VEC],
+                                              float sign) {
+  Vec<scalar_t, VEC> result;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) result.v[v] = static_cast<scalar_t>(best_position[v] == kNoWinner ? 0.f : sign * best[v]);
+  store_vec<scalar_t, VEC>(out, result);
+}
+
 // The sources of the lane group's slots in one step of a 32-slot batch whose
 // indices the lanes hold one each (my_source): slot step + u * groups + group
 // for each u, -1 past the batch or for an inactive lane.
@@ -345,15 +355,7 @@ __device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView in
     const int64_t pass_column = first_chunk * VEC;
     const int pass_words = static_cast<int>((min(width - pass_column, static_cast<int64_t>(lanes * VEC)) + 31) / 32);
     if (item.partial < 0) {
-      if (owner) {
-        Vec<scalar_t, VEC> result;
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          // An empty row has no winner: 0, as PyG.
-          result.v[v] = static_cast<scalar_t>(best_position[v] == kNoWinner ? 0.f : sign * best[v]);
-        }
-        store_vec<scalar_t, VEC>(out + item.row * width + column, result);
-      }
+      if (owner) store_winners<scalar_t, VEC>(out + item.row * width + column, best, best_position, sign);
       write_row_masks<VEC>(item, best_position, owner, column, pass_column, pass_words, mask_words, lane, kWarp,
                            kFullMask, window, kMaskWindowWords, masks);
     } else {
@@ -447,15 +449,7 @@ __device__ __forceinline__ void extremum_row_in_group(const WorkItem& item, cons
   float best[kSubwarpVec];
   int32_t best_position[kSubwarpVec];
   unpack_winners<scalar_t>(best_pair, position_pair, 0, 0, item.end > item.begin, best, best_position);
-  if (active) {
-    Vec<scalar_t, kSubwarpVec> result;
-#pragma unroll
-    for (int v = 0; v < kSubwarpVec; ++v) {
-      // An empty row has no winner: 0, as PyG.
-      result.v[v] = static_cast<scalar_t>(best_position[v] == kNoWinner ? 0.f : sign * best[v]);
-    }
-    store_vec<scalar_t, kSubwarpVec>(out + item.row * width + column, result);
-  }
+  if (active) store_winners<scalar_t, kSubwarpVec>(out + item.row * width + column, best, best_position, sign);
   // The whole row is one pass: every mask word of its slots.
   write_row_masks<kSubwarpVec>(item, best_position, active, column, 0, static_cast<int>(mask_words), mask_words,
                                group_lane, lanes, groups.mask, window, window_capacity, masks);
