@@ -625,28 +625,25 @@ __global__ void merge_tiles_kernel(const RowSchedule s, int heads, int channels,
   for (int64_t f = threadIdx.x; f < width; f += blockDim.x) {
     const int head = static_cast<int>(f / channels);
     float row_max = -INFINITY;
-    for (int64_t t = first; t < last; ++t) row_max = fmaxf(row_max, part_max[t * heads + head]);
+    in_tile_order<float>(
+        first, last, [&](int64_t t) { return part_max[t * heads + head]; },
+        [&](float tile_max) { row_max = fmaxf(row_max, tile_max); });
+    struct TileState {
+      float max, sum, acc;
+    };
     float sum = 0.f, acc = 0.f;
-    for (int64_t t = first; t < last; ++t) {
-      const float factor = __expf(part_max[t * heads + head] - row_max);
-      sum += part_sum[t * heads + head] * factor;
-      acc += part_acc[t * width + f] * factor;
-    }
+    in_tile_order<TileState>(
+        first, last,
+        [&](int64_t t) {
+          return TileState{part_max[t * heads + head], part_sum[t * heads + head], part_acc[t * width + f]};
+        },
+        [&](const TileState& tile) {
+          const float factor = __expf(tile.max - row_max);
+          sum += tile.sum * factor;
+          acc += tile.acc * factor;
+        });
     out[row * width + f] = static_cast<scalar_t>(sum > 0.f ? acc / sum : 0.f);
     if (f % channels == 0) lse[row * heads + head] = sum > 0.f ? row_max + logf(sum) : 0.f;
-  }
-}
-
-// Heavy rows of the backward passes: add the tiles' partial sums in tile order.
-template <typename scalar_t>
-__global__ void sum_tiles_kernel(const RowSchedule s, int64_t width, const float* __restrict__ partial,
-                                 scalar_t* __restrict__ out) {
-  const int64_t row = s.heavy_rows[blockIdx.x];
-  const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
-  for (int64_t f = threadIdx.x; f < width; f += blockDim.x) {
-    float sum = 0.f;
-    for (int64_t t = first; t < last; ++t) sum += partial[t * width + f];
-    out[row * width + f] = static_cast<scalar_t>(sum);
   }
 }
 
@@ -836,25 +833,36 @@ __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int p
   for (int64_t f = threadIdx.x; f < width; f += blockDim.x) {
     const int head = static_cast<int>(f / per_head);
     float delta = 0.f, sum_weighted = 0.f, sum_plain = 0.f, sum_att_weighted = 0.f, sum_att_plain = 0.f;
-    for (int64_t t = first; t < last; ++t) {
-      delta += part_delta[t * heads + head];
-      sum_weighted += weighted[t * width + f];
-      sum_plain += plain[t * width + f];
-      if (att_rows != nullptr) {
-        sum_att_weighted += att_weighted[t * width + f];
-        sum_att_plain += att_plain[t * width + f];
-      }
-    }
+    struct TileSums {
+      float delta, weighted, plain, att_weighted, att_plain;
+    };
+    in_tile_order<TileSums>(
+        first, last,
+        [&](int64_t t) {
+          const bool att = att_rows != nullptr;
+          return TileSums{part_delta[t * heads + head], weighted[t * width + f], plain[t * width + f],
+                          att ? att_weighted[t * width + f] : 0.f, att ? att_plain[t * width + f] : 0.f};
+        },
+        [&](const TileSums& tile) {
+          delta += tile.delta;
+          sum_weighted += tile.weighted;
+          sum_plain += tile.plain;
+          sum_att_weighted += tile.att_weighted;
+          sum_att_plain += tile.att_plain;
+        });
     const float factor = head_scale != nullptr ? scale * head_scale[head] : scale;
     grad[row * width + f] = static_cast<scalar_t>(factor * (sum_weighted - delta * sum_plain));
     if (f % per_head == 0) {
       delta_out[row * heads + head] = delta;
       if (beta_rows != nullptr) {
         float sum_beta_weighted = 0.f, sum_beta_plain = 0.f;
-        for (int64_t t = first; t < last; ++t) {
-          sum_beta_weighted += beta_weighted[t * heads + head];
-          sum_beta_plain += beta_plain[t * heads + head];
-        }
+        in_tile_order<float2>(
+            first, last,
+            [&](int64_t t) { return make_float2(beta_weighted[t * heads + head], beta_plain[t * heads + head]); },
+            [&](float2 tile) {
+              sum_beta_weighted += tile.x;
+              sum_beta_plain += tile.y;
+            });
         beta_rows[blockIdx.x * heads + head] = sum_beta_weighted - delta * sum_beta_plain;
       }
     }
@@ -1358,8 +1366,6 @@ dim3 resident_grid(Kernel kernel, const Params<scalar_t>& p) {
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(head_groups));
 }
 
-constexpr int kMergeThreads = 256;
-
 // CSR slots per warp of the edge-balanced score phase: enough warps to fill
 // the GPU several times over, each with the same share of the edges.
 constexpr int64_t kSlotsPerScoreWarp = 64;
@@ -1442,7 +1448,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     if (schedule.num_heavy > 0) {
-      merge_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), kMergeThreads, 0, stream>>>(
+      const int threads = merge_threads(f.heads * f.channels);
+      merge_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), threads, 0, stream>>>(
           schedule, static_cast<int>(f.heads), static_cast<int>(f.channels), p.part_max, p.part_sum, p.part_acc,
           p.out, p.lse);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -1479,13 +1486,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
                       dst_scalar, att, edge, negative_slope, scale, dropout, seed, offset, return_scores, &slot_rows);
 }
 
-template <typename scalar_t>
-void sum_tiles(const RowSchedule& s, int64_t width, const at::Tensor& partial, const at::Tensor& out,
-               cudaStream_t stream) {
-  if (s.num_heavy == 0 || width == 0) return;
-  sum_tiles_kernel<scalar_t><<<static_cast<unsigned>(s.num_heavy), kMergeThreads, 0, stream>>>(
-      s, width, partial.data_ptr<float>(), out.data_ptr<scalar_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+// Heavy rows of the backward source pass: the tiles' partial rows [T, width]
+// added in tile order into their rows of out ([N, H, C] or [N, H]).
+void sum_tiles(const RowSchedule& s, int64_t width, const at::Tensor& partial, const at::Tensor& out) {
+  at::Tensor rows = out.view({out.size(0), width});
+  merge_partial_sums(s, partial, rows);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
@@ -1558,7 +1563,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     if (schedule.num_heavy > 0) {
-      finish_target_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), kMergeThreads, 0, stream>>>(
+      const int threads = merge_threads(f.heads * per_head);
+      finish_target_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), threads, 0, stream>>>(
           schedule, static_cast<int>(f.heads), static_cast<int>(per_head), kind == kDot || cosine ? p.scale : 1.f,
           cosine ? p.beta : nullptr, p.part_delta, p.part_vec, p.part_vec2, p.part_att, p.part_att2, p.part_scalar,
           p.part_scalar2, grad_dst.data_ptr<scalar_t>(), p.delta_out,
@@ -1637,9 +1643,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
       kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
-    sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec, grad_msg, stream);
-    if (has_key) sum_tiles<scalar_t>(schedule, f.heads * f.channels, part_vec2, grad_key, stream);
-    if (kind == kGat) sum_tiles<scalar_t>(schedule, f.heads, part_scalar, grad_scalar, stream);
+    sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg);
+    if (has_key) sum_tiles(schedule, f.heads * f.channels, part_vec2, grad_key);
+    if (kind == kGat) sum_tiles(schedule, f.heads, part_scalar, grad_scalar);
     if (kind == kCosine && schedule.num_heavy > 0) {
       // the heavy rows' d x_src = V + F.normalize's backward of B (+ A), V already in grad_msg
       const int64_t rows = schedule.num_heavy * f.heads;

@@ -359,8 +359,39 @@ inline void check_index_dtype(const char* op, const char* name, const at::Tensor
               t.scalar_type());
 }
 
+// ------------------------------------------------------------ tile merges
+// The second passes merge each heavy row's tiles in tile order, so results are
+// deterministic. A super node has hundreds of tiles: if each tile's load
+// waited for the previous tile's add, its merge would cost one memory latency
+// per tile in sequence (0.1-0.27 ms per merge pass on rmat20, H100, most of
+// it in the largest rows). in_tile_order issues kTileBatch tiles' loads
+// before using any of them, then uses them in tile order.
+constexpr int kTileBatch = 8;
+
+template <typename T, typename Load, typename Use>
+__device__ __forceinline__ void in_tile_order(int64_t first, int64_t last, Load&& load, Use&& use) {
+  for (int64_t base = first; base < last; base += kTileBatch) {
+    T value[kTileBatch];
+#pragma unroll
+    for (int i = 0; i < kTileBatch; ++i) {
+      if (base + i < last) value[i] = load(base + i);
+    }
+#pragma unroll
+    for (int i = 0; i < kTileBatch; ++i) {
+      if (base + i < last) use(value[i]);
+    }
+  }
+}
+
+// Threads per block of a merge pass (one block per heavy row) over rows of
+// `width` values: whole warps, at most 256, so narrow rows leave none idle.
+inline int merge_threads(int64_t width) {
+  return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (width + 31) / 32 * 32)));
+}
+
 // Second pass of every summing kernel (spmm.cu): out[heavy_rows[h]] = the sum,
-// in tile order, of the fp32 partial rows [T, F] of h's tiles.
+// in tile order, of the fp32 partial rows [T, F] of h's tiles. out is 2-d
+// [rows, F] (a view of a wider tensor's rows is fine).
 void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out);
 
 }  // namespace gnnio

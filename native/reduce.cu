@@ -507,14 +507,21 @@ __global__ void merge_extremum_kernel(RowSchedule schedule, const float* __restr
     float best = -INFINITY;
     int32_t best_position = kNoWinner;
     if (in_range) {
-      for (int64_t tile = first; tile < last; ++tile) {
-        const float value = partial_values[tile * width + column];
-        const int32_t position = partial_positions[tile * width + column];
-        if (beats(value, position, best, best_position)) {
-          best = value;
-          best_position = position;
-        }
-      }
+      struct Winner {
+        float value;
+        int32_t position;
+      };
+      in_tile_order<Winner>(
+          first, last,
+          [&](int64_t tile) {
+            return Winner{partial_values[tile * width + column], partial_positions[tile * width + column]};
+          },
+          [&](const Winner& tile) {
+            if (beats(tile.value, tile.position, best, best_position)) {
+              best = tile.value;
+              best_position = tile.position;
+            }
+          });
       out[row * width + column] = static_cast<scalar_t>(sign * best);
     }
     // Every tile has slots, so an in-range winner exists; out-of-range lanes
@@ -700,7 +707,7 @@ std::tuple<at::Tensor, at::Tensor> extremum_forward(const char* op, bool subwarp
   const auto merge = [&](auto zero) {
     using scalar_t = decltype(zero);
     if (schedule.num_heavy == 0) return;
-    const int threads = static_cast<int>(std::min<int64_t>(256, (width + 31) / 32 * 32));
+    const int threads = merge_threads(width);
     merge_extremum_kernel<scalar_t><<<schedule.num_heavy, threads, 0, stream>>>(
         schedule, partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>(), width, sign,
         out.data_ptr<scalar_t>(), mask_data, mask_words);

@@ -233,15 +233,16 @@ __global__ void merge_partial_sums_kernel(RowSchedule schedule, const float* __r
   const int64_t last = schedule.heavy_tile_ptr[heavy + 1];
   for (int64_t column = threadIdx.x; column < width; column += blockDim.x) {
     float acc = 0.f;
-    for (int64_t tile = first; tile < last; ++tile) acc += partials[tile * width + column];
+    in_tile_order<float>(
+        first, last, [&](int64_t tile) { return partials[tile * width + column]; }, [&](float value) { acc += value; });
     out[row * width + column] = static_cast<scalar_t>(acc);
   }
 }
 
 void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out) {
-  if (schedule.num_heavy == 0) return;
   const int64_t width = out.size(1);
-  const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (width + 31) / 32 * 32)));
+  if (schedule.num_heavy == 0 || width == 0) return;
+  const int threads = merge_threads(width);
   auto stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(out.scalar_type(), "gnnio::merge_partial_sums", [&] {
     merge_partial_sums_kernel<scalar_t><<<schedule.num_heavy, threads, 0, stream>>>(
