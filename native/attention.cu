@@ -1396,10 +1396,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   at::Tensor out = at::empty({num_dst, f.heads, f.channels}, msg_src.options());
   at::Tensor lse = at::empty({num_dst, f.heads}, float_options);
   at::Tensor scores = at::empty({return_scores ? num_edges : 0, f.heads}, float_options);
+  // The tiles' softmax states (max, sum, accumulator) share one buffer: each
+  // allocation costs the host microseconds before the first launch.
   const int64_t tiles = schedule.num_tiles;
-  at::Tensor part_max = at::empty({tiles, f.heads}, float_options);
-  at::Tensor part_sum = at::empty({tiles, f.heads}, float_options);
-  at::Tensor part_acc = at::empty({tiles, f.heads, f.channels}, float_options);
+  at::Tensor tile_states = at::empty({tiles * f.heads * (2 + f.channels)}, float_options);
+  float* const part_acc = tile_states.data_ptr<float>();  // first: its rows take 16-byte stores
+  float* const part_max = part_acc + tiles * f.heads * f.channels;
+  float* const part_sum = part_max + tiles * f.heads;
+  at::Tensor edge_scores;  // the edge-balanced schedule's score phase only
   if (slot_rows != nullptr) {
     GNNIO_ENSURE(slot_rows->is_cuda() && slot_rows->device() == msg_src.device() &&
                      slot_rows->scalar_type() == at::kInt && slot_rows->dim() == 1 && slot_rows->is_contiguous() &&
@@ -1407,8 +1411,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
                  op, ": slot_rows must be a contiguous int32 tensor of ", num_edges, " entries on ", msg_src.device(),
                  ", got ", slot_rows->scalar_type(), " of shape ", slot_rows->sizes(), " on ", slot_rows->device());
     GNNIO_ENSURE(num_dst < (int64_t{1} << 31), op, ": slot_rows holds int32 rows; got ", num_dst, " targets");
+    edge_scores = at::empty({num_edges, f.heads}, float_options);
   }
-  at::Tensor edge_scores = at::empty({slot_rows != nullptr ? num_edges : 0, f.heads}, float_options);
   const int vec = vector_width(f, {&out});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
@@ -1419,9 +1423,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     p.lse = lse.data_ptr<float>();
     p.scores = return_scores ? scores.data_ptr<float>() : nullptr;
     p.scores_after_dropout = return_scores == 2;
-    p.part_max = part_max.data_ptr<float>();
-    p.part_sum = part_sum.data_ptr<float>();
-    p.part_acc = part_acc.data_ptr<float>();
+    p.part_max = part_max;
+    p.part_sum = part_sum;
+    p.part_acc = part_acc;
     GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
       if (slot_rows == nullptr) {
         const auto kernel = forward_kernel<KIND, VEC, scalar_t>;
