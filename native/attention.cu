@@ -1689,18 +1689,12 @@ at::Tensor attention_row_norms(const at::Tensor& x) {
   return norm;
 }
 
-// grad_x = direct + (g - [|x| >= 1e-12] <g, u> u) / max(|x|, 1e-12), g = grad_unit (+ grad_unit2),
-// u = x / max(|x|, 1e-12).
-at::Tensor attention_unit_rows_backward(const at::Tensor& x, const at::Tensor& norm, const at::Tensor& grad_unit,
-                                        const c10::optional<at::Tensor>& grad_unit2,
-                                        const c10::optional<at::Tensor>& direct) {
+// grad_x = (g - [|x| >= 1e-12] <g, u> u) / max(|x|, 1e-12), g = grad_unit, u = x / max(|x|, 1e-12).
+// (The kernel's second gradient and direct term serve the source pass's heavy rows.)
+at::Tensor attention_unit_rows_backward(const at::Tensor& x, const at::Tensor& norm, const at::Tensor& grad_unit) {
   const char* op = kUnitRowsBackward;
   check_rows(op, "x", x);
-  for (const at::Tensor* t : {&grad_unit, grad_unit2.has_value() ? &*grad_unit2 : nullptr,
-                              direct.has_value() ? &*direct : nullptr}) {
-    if (t == nullptr) continue;
-    check_tensor(op, "gradient", *t, x.scalar_type(), {x.size(0), x.size(1), x.size(2)});
-  }
+  check_tensor(op, "grad_unit", grad_unit, x.scalar_type(), {x.size(0), x.size(1), x.size(2)});
   check_tensor(op, "norm", norm, at::kFloat, {x.size(0), x.size(1)});
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0) * x.size(1);
@@ -1709,8 +1703,7 @@ at::Tensor attention_unit_rows_backward(const at::Tensor& x, const at::Tensor& n
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
     unit_rows_backward_kernel<scalar_t><<<unit_row_blocks(rows), kWarpsPerBlock * kWarp, 0, stream>>>(
-        x.data_ptr<scalar_t>(), norm.data_ptr<float>(), grad_unit.data_ptr<scalar_t>(),
-        ptr_or_null<scalar_t>(grad_unit2), ptr_or_null<scalar_t>(direct), rows, nullptr,
+        x.data_ptr<scalar_t>(), norm.data_ptr<float>(), grad_unit.data_ptr<scalar_t>(), nullptr, nullptr, rows, nullptr,
         static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), grad_x.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -1757,8 +1750,8 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   F.normalize's backward; with key_src set to the target pass's d u_dst when
 //   x_dst is x_src, that too), the others are empty.
 // attention_row_norms(x [N, H, C]) -> |x| fp32 [N, H].
-// attention_unit_rows_backward(x, norm, grad_unit, grad_unit2?, direct?) ->
-//   direct + the gradient through x / max(|x|, 1e-12) of grad_unit + grad_unit2.
+// attention_unit_rows_backward(x, norm, grad_unit) -> the gradient of x through
+//   x / max(|x|, 1e-12) (F.normalize) of grad_unit.
 // Deterministic; no atomics.
 #define GNNIO_ATTENTION_GRAPH_ARGS                                                                          \
   "Tensor indptr, Tensor indices, Tensor eid, Tensor tile_row, Tensor tile_start, Tensor heavy_rows, " \
@@ -1780,8 +1773,7 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "int offset) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
   m.def("attention_row_norms(Tensor x) -> Tensor");
-  m.def("attention_unit_rows_backward(Tensor x, Tensor norm, Tensor grad_unit, Tensor? grad_unit2, "
-        "Tensor? direct) -> Tensor");
+  m.def("attention_unit_rows_backward(Tensor x, Tensor norm, Tensor grad_unit) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {

@@ -425,7 +425,7 @@ class _CosineAttention(torch.autograd.Function):
         )
         grad_dst = None
         if not ctx.shared:
-            grad_dst = torch.ops.gnnio.attention_unit_rows_backward(x_dst, norm_dst, grad_unit_dst, None, None)
+            grad_dst = torch.ops.gnnio.attention_unit_rows_backward(x_dst, norm_dst, grad_unit_dst)
         return None, grad_src, grad_dst, grad_beta.reshape(ctx.beta_shape).to(ctx.beta_dtype)
 
 
