@@ -29,18 +29,30 @@ namespace {
 // 4 on rmat20 and uniform20 (H100): the extra registers cost occupancy.
 constexpr int kEdgeUnroll = 4;
 
+// Source ids of one step: int64 (-1: none), or, in the subwarp kernel's light
+// rows, 32 bits (kNoSource: none; x has fewer rows, checked on the host),
+// which take one shuffle each instead of two and a 32 x 32 -> 64-bit multiply
+// (and there keep the bf16 instantiation within 64 registers, no spill).
+constexpr uint32_t kNoSource = 0xffffffffu;
+__device__ __forceinline__ bool is_source(int64_t source) { return source >= 0; }
+__device__ __forceinline__ bool is_source(uint32_t source) { return source != kNoSource; }
+__device__ __forceinline__ int64_t row_offset(int64_t source, int64_t width) { return source * width; }
+__device__ __forceinline__ uint64_t row_offset(uint32_t source, int64_t width) {
+  return static_cast<uint64_t>(source) * static_cast<uint32_t>(width);
+}
+
 // acc += weight[u] * x[source[u], column : column + VEC] for the step's
-// kEdgeUnroll edges (source -1: none). All loads are issued before any is
-// used, so their latencies overlap.
-template <typename scalar_t, int VEC>
-__device__ __forceinline__ void gather_step(const int64_t (&source)[kEdgeUnroll], const float (&weight)[kEdgeUnroll],
+// kEdgeUnroll edges. All loads are issued before any is used, so their
+// latencies overlap.
+template <typename scalar_t, int VEC, typename Source>
+__device__ __forceinline__ void gather_step(const Source (&source)[kEdgeUnroll], const float (&weight)[kEdgeUnroll],
                                             bool active, const scalar_t* __restrict__ x, int64_t width,
                                             int64_t column, float (&acc)[VEC]) {
   Vec<scalar_t, VEC> row[kEdgeUnroll];
 #pragma unroll
   for (int u = 0; u < kEdgeUnroll; ++u) {
-    if (active && source[u] >= 0) {
-      row[u] = load_vec<scalar_t, VEC>(x + source[u] * width + column);
+    if (active && is_source(source[u])) {
+      row[u] = load_vec<scalar_t, VEC>(x + row_offset(source[u], width) + column);
     } else {
 #pragma unroll
       for (int v = 0; v < VEC; ++v) row[u].v[v] = scalar_t(0.f);
@@ -48,7 +60,7 @@ __device__ __forceinline__ void gather_step(const int64_t (&source)[kEdgeUnroll]
   }
 #pragma unroll
   for (int u = 0; u < kEdgeUnroll; ++u) {
-    const float w = source[u] >= 0 ? weight[u] : 0.f;
+    const float w = is_source(source[u]) ? weight[u] : 0.f;
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[v] += w * static_cast<float>(row[u].v[v]);
   }
@@ -160,26 +172,28 @@ __device__ __forceinline__ void sum_row_in_group(const WorkItem& item, const Lan
   const int batch = shared ? lanes : kEdgeUnroll;
   for (int64_t base = item.begin; base < item.end; base += batch) {
     const int count = static_cast<int>(min(static_cast<int64_t>(batch), item.end - base));
-    int64_t my_source = 0;
-    float my_weight = 0.f;
+    // 32-bit source ids (see gather_step); a plain sum's weights are all 1
+    // and take no shuffle.
+    uint32_t my_source = 0;
+    float my_weight = 1.f;
     if (shared && group_lane < count) {
-      my_source = indices[base + group_lane];
-      my_weight = values != nullptr ? values[base + group_lane] : 1.f;
+      my_source = static_cast<uint32_t>(indices[base + group_lane]);
+      if (values != nullptr) my_weight = values[base + group_lane];
     }
     for (int step = 0; step < count; step += kEdgeUnroll) {
-      int64_t source[kEdgeUnroll];
+      uint32_t source[kEdgeUnroll];
       float weight[kEdgeUnroll];
 #pragma unroll
       for (int u = 0; u < kEdgeUnroll; ++u) {
         const int slot = step + u;
         if (shared) {
           source[u] = __shfl_sync(groups.mask, my_source, slot % lanes, lanes);
-          weight[u] = __shfl_sync(groups.mask, my_weight, slot % lanes, lanes);
+          weight[u] = values != nullptr ? __shfl_sync(groups.mask, my_weight, slot % lanes, lanes) : 1.f;
         } else {
-          source[u] = slot < count ? indices[base + slot] : 0;
+          source[u] = slot < count ? static_cast<uint32_t>(indices[base + slot]) : 0;
           weight[u] = slot < count && values != nullptr ? values[base + slot] : 1.f;
         }
-        if (slot >= count) source[u] = -1;
+        if (slot >= count) source[u] = kNoSource;
       }
       gather_step<scalar_t, VEC>(source, weight, active, x, width, column, acc);
     }
@@ -278,6 +292,8 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
     GNNIO_CHECK(width > 0 && width <= kSubwarpMaxWidth && rows_vectorisable(x, width, kSubwarpVec), op,
                 "x must have a multiple of ", kSubwarpVec, " features, at most ", kSubwarpMaxWidth,
                 ", starting 16-byte aligned (others take segment_sum), got width ", width);
+    GNNIO_CHECK(x.size(0) < int64_t{kNoSource}, op, "source ids are 32-bit: x may have at most ",
+                int64_t{kNoSource} - 1, " rows (others take segment_sum), got ", x.size(0));
   }
   const LightRows light = light_rows(op, row_order, x, num_rows);
   at::Tensor out = at::empty({num_rows, width}, x.options());
