@@ -469,7 +469,7 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("gnnio::segment_sum_subwarp")
     def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
-          row_order):
+          row_order, row_scale=None):
         return x.new_empty((num_rows, x.shape[1]))
 
     @torch.library.register_fake("gnnio::segment_extremum_masked")

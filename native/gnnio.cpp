@@ -28,11 +28,13 @@ TORCH_LIBRARY(gnnio, m) {
   // deterministic), with each light row given a group of F / 8 lanes, so one
   // warp sums several rows at once. row_order: int64 [L], every light row (at
   // most tile_edges slots) once, in the order the warps take them (e.g. by
-  // descending degree); None: row order.
+  // descending degree); None: row order. row_scale: optional fp32 [R] for
+  // operators whose slots of row r all hold values[k] == row_scale[r] (mean):
+  // the light rows then sum plainly and scale once; tiles still read values.
   m.def(
       "segment_sum_subwarp(Tensor indptr, Tensor indices, Tensor? values, Tensor x, int num_rows, "
       "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "
-      "Tensor? row_order) -> Tensor");
+      "Tensor? row_order, Tensor? row_scale=None) -> Tensor");
 
   // cuSPARSE SpMM (CSR, fp32 compute): out[r] = sum_k values[k] * x[indices[k]].
   // indptr and indices share one index dtype (int32 or int64); values has x's

@@ -155,7 +155,7 @@ constexpr int kSubwarpMinBlocksPerSm = 4;
 template <typename scalar_t>
 __device__ __forceinline__ void sum_row_in_group(const WorkItem& item, const LaneGroups& groups, IndexView indices,
                                                  const float* __restrict__ values, const scalar_t* __restrict__ x,
-                                                 int64_t width, scalar_t* __restrict__ out) {
+                                                 int64_t width, float scale, scalar_t* __restrict__ out) {
   constexpr int VEC = kSubwarpVec;
   const int lanes = groups.lanes;
   const int group_lane = groups.group_lane;
@@ -201,7 +201,7 @@ __device__ __forceinline__ void sum_row_in_group(const WorkItem& item, const Lan
   if (active) {
     Vec<scalar_t, VEC> result;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) result.v[v] = static_cast<scalar_t>(acc[v]);
+    for (int v = 0; v < VEC; ++v) result.v[v] = static_cast<scalar_t>(scale * acc[v]);
     store_vec<scalar_t, VEC>(out + item.row * width + column, result);
   }
 }
@@ -214,8 +214,9 @@ __device__ __forceinline__ void sum_row_in_group(const WorkItem& item, const Lan
 template <typename scalar_t>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kSubwarpMinBlocksPerSm)
     segment_sum_subwarp_kernel(RowSchedule schedule, LightRows light, IndexView indices,
-                               const float* __restrict__ values, const scalar_t* __restrict__ x, int64_t width,
-                               scalar_t* __restrict__ out, float* __restrict__ partials) {
+                               const float* __restrict__ values, const float* __restrict__ row_scale,
+                               const scalar_t* __restrict__ x, int64_t width, scalar_t* __restrict__ out,
+                               float* __restrict__ partials) {
   const LaneGroups groups(width);
   const int64_t items = subwarp_items(schedule, light, groups);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -227,7 +228,12 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kSubwarpMinBlocksPerSm)
       continue;
     }
     if (subwarp_row(schedule, light, groups, warp, item)) {
-      sum_row_in_group<scalar_t>(item, groups, indices, values, x, width, out);
+      // row_scale: every slot of the row has the same value, applied once to the plain sum
+      if (row_scale != nullptr) {
+        sum_row_in_group<scalar_t>(item, groups, indices, nullptr, x, width, row_scale[item.row], out);
+      } else {
+        sum_row_in_group<scalar_t>(item, groups, indices, values, x, width, 1.f, out);
+      }
     }
     // Groups finish their rows at different times; meet before the next item.
     __syncwarp();
@@ -273,7 +279,7 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
                        const std::optional<at::Tensor>& values, const at::Tensor& x, int64_t num_rows,
                        const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
                        const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
-                       const std::optional<at::Tensor>& row_order) {
+                       const std::optional<at::Tensor>& row_order, const std::optional<at::Tensor>& row_scale) {
   check_features(op, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const RowSchedule schedule =
@@ -294,6 +300,11 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
                 ", starting 16-byte aligned (others take segment_sum), got width ", width);
     GNNIO_CHECK(x.size(0) < int64_t{kNoSource}, op, "source ids are 32-bit: x may have at most ",
                 int64_t{kNoSource} - 1, " rows (others take segment_sum), got ", x.size(0));
+    if (row_scale.has_value()) {
+      GNNIO_CHECK(row_scale->scalar_type() == at::kFloat, op, "row_scale must be float32, got ",
+                  row_scale->scalar_type());
+      check_array(op, "row_scale", *row_scale, x, num_rows);
+    }
   }
   const LightRows light = light_rows(op, row_order, x, num_rows);
   at::Tensor out = at::empty({num_rows, width}, x.options());
@@ -307,7 +318,8 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
       using scalar_t = decltype(zero);
       const int64_t blocks = resident_first_pass_blocks(segment_sum_subwarp_kernel<scalar_t>, schedule);
       segment_sum_subwarp_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
-          schedule, light, index_view(indices), value_data, x.data_ptr<scalar_t>(), width,
+          schedule, light, index_view(indices), value_data,
+          row_scale.has_value() ? row_scale->data_ptr<float>() : nullptr, x.data_ptr<scalar_t>(), width,
           out.data_ptr<scalar_t>(), partials.data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
@@ -338,16 +350,17 @@ at::Tensor segment_sum(const at::Tensor& indptr, const at::Tensor& indices, cons
                        const at::Tensor& tile_start, const at::Tensor& heavy_rows, const at::Tensor& heavy_tile_ptr,
                        int64_t tile_edges) {
   return sum_forward("gnnio::segment_sum", false, indptr, indices, values, x, num_rows, tile_row, tile_start,
-                     heavy_rows, heavy_tile_ptr, tile_edges, std::nullopt);
+                     heavy_rows, heavy_tile_ptr, tile_edges, std::nullopt, std::nullopt);
 }
 
 at::Tensor segment_sum_subwarp(const at::Tensor& indptr, const at::Tensor& indices,
                                const std::optional<at::Tensor>& values, const at::Tensor& x, int64_t num_rows,
                                const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
                                const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
-                               const std::optional<at::Tensor>& row_order) {
+                               const std::optional<at::Tensor>& row_order,
+                               const std::optional<at::Tensor>& row_scale) {
   return sum_forward("gnnio::segment_sum_subwarp", true, indptr, indices, values, x, num_rows, tile_row, tile_start,
-                     heavy_rows, heavy_tile_ptr, tile_edges, row_order);
+                     heavy_rows, heavy_tile_ptr, tile_edges, row_order, row_scale);
 }
 
 // ------------------------------------------------------------------ cuSPARSE

@@ -128,11 +128,12 @@ def test_warps_looping_over_many_rows_match_reference(monkeypatch, width, dtype,
     assert ran["spmm"] == "csr-vec"
 
 
+# mean without edge weights: the light rows' plain sums scaled once by 1 / in-degree (row_scale)
 @pytest.mark.parametrize("kernel", SUBWARP_KERNELS)
 @pytest.mark.parametrize("graph_name", ["ladder", "many-rows", "small-int64", "bipartite"])
 @pytest.mark.parametrize("width", SUBWARP_WIDTHS)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("reduce, weighted", [("sum", False), ("mean", True)])
+@pytest.mark.parametrize("reduce, weighted", [("sum", False), ("mean", True), ("mean", False)])
 def test_subwarp_kernel_matches_reference(monkeypatch, kernel, graph_name, width, dtype, reduce, weighted):
     """The subwarp kernels on rows of every small degree, odd ones, both sides of the tile cut, a 100k hub in tiles."""
     monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
@@ -320,11 +321,12 @@ def test_opcheck_segment_sum_and_cusparse():
         (graph.csr_indptr, graph.csr_indices, values, x, graph.num_dst_nodes, *schedule.args()),
         test_utils=("test_schema", "test_faketensor"),
     )
-    for rows in (None, row_order(graph, "csr", schedule).rows):
+    row_scale = torch.rand(graph.num_dst_nodes, device="cuda", generator=torch.Generator("cuda").manual_seed(13))
+    for rows, scale in ((None, None), (row_order(graph, "csr", schedule).rows, None), (None, row_scale)):
         torch.library.opcheck(
             torch.ops.gnnio.segment_sum_subwarp.default,
             (graph.csr_indptr, graph.csr_indices, values, x.to(torch.bfloat16), graph.num_dst_nodes,
-             *schedule.args(), rows),
+             *schedule.args(), rows, scale),
             test_utils=("test_schema", "test_faketensor"),
         )
     indptr = graph.csr_indptr.to(torch.int32)

@@ -147,6 +147,9 @@ class OperatorSide:
     light_rows: Callable[[], RowOrder]  # the light rows by descending degree (cached on the graph)
     chosen: dict = field(default_factory=dict)  # (dtype, width, candidates) -> kernel name
     cusparse_forms: dict = field(default_factory=dict)  # dtype -> _CusparseForm
+    # fp32 [num_rows] when every slot of row r holds values == row_scale[r] (mean's forward): the
+    # subwarp kernels' light rows then sum plainly and scale once, with no per-slot value to read
+    row_scale: Optional[torch.Tensor] = None
 
     def apply(self, x: torch.Tensor, op: str) -> torch.Tensor:
         """[num_cols, F] contiguous -> [num_rows, F]: the side's rows times x."""
@@ -162,7 +165,7 @@ class OperatorSide:
         args = (self.indptr, self.indices, self.values, x, self.num_rows, *self.schedule.args())
         if kernel in SUBWARP_KERNELS:
             rows = self.light_rows().rows if kernel == "csr-subwarp-sorted" else None
-            return torch.ops.gnnio.segment_sum_subwarp(*args, rows)
+            return torch.ops.gnnio.segment_sum_subwarp(*args, rows, self.row_scale)
         return torch.ops.gnnio.segment_sum(*args)
 
     def _kernel(self, x: torch.Tensor) -> str:
@@ -225,6 +228,7 @@ def build_operator(graph: Graph, edge_values: Optional[torch.Tensor], target_sca
     forward = OperatorSide(
         graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, csr,
         lambda: row_order(graph, "csr", csr), chosen=graph.cached(("spmm_kernel_choice", "csr"), dict),
+        row_scale=target_scale.to(torch.float32) if edge_values is None and target_scale is not None else None,
     )
     backward = OperatorSide(
         graph.csc_indptr, graph.csc_indices, csc_values, graph.num_src_nodes, csc,
