@@ -246,22 +246,29 @@ __device__ __forceinline__ void unpack_winners(const uint32_t (&best_pair)[4], c
   }
 }
 
+// A packed scan's start: running maxima -inf in both halves, no winner yet
+// (0xffff positions). Returns the bits that negate both halves of a pair for
+// min (their sign bits), 0 for max.
+template <typename scalar_t>
+__device__ __forceinline__ uint32_t start_packed_scan(float sign, uint32_t (&best_pair)[4],
+                                                      uint32_t (&position_pair)[4]) {
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    best_pair[p] = PairMath<scalar_t>::kMinusInfinityPair;
+    position_pair[p] = 0xffffffffu;
+  }
+  return sign < 0.f ? 0x80008000u : 0u;
+}
+
 template <typename scalar_t>
 __device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexView indices,
                                                   const scalar_t* __restrict__ x, int64_t width, int64_t column,
                                                   bool active, float sign, int group, int groups, float (&best)[8],
                                                   int32_t (&best_position)[8]) {
-  using Math = PairMath<scalar_t>;
   const int lane = threadIdx.x % kWarp;
-  // Negating both halves (min) flips their sign bits.
-  const uint32_t flip = sign < 0.f ? 0x80008000u : 0u;
   uint32_t best_pair[4];
   uint32_t position_pair[4];
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    best_pair[p] = Math::kMinusInfinityPair;
-    position_pair[p] = 0xffffffffu;
-  }
+  const uint32_t flip = start_packed_scan<scalar_t>(sign, best_pair, position_pair);
   for (int64_t base = item.begin; base < item.end; base += kWarp) {
     const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
     const int64_t my_source = lane < count ? indices[base + lane] : 0;
@@ -409,19 +416,13 @@ __device__ __forceinline__ void extremum_row_in_group(const WorkItem& item, cons
                                                       scalar_t* __restrict__ out, uint32_t* __restrict__ masks,
                                                       int64_t mask_words, uint32_t* __restrict__ window,
                                                       int window_capacity) {
-  using Math = PairMath<scalar_t>;
   const int lanes = groups.lanes;
   const int group_lane = groups.group_lane;
   const int64_t column = static_cast<int64_t>(group_lane) * kSubwarpVec;
   const bool active = column < width;
-  const uint32_t flip = sign < 0.f ? 0x80008000u : 0u;
   uint32_t best_pair[4];
   uint32_t position_pair[4];
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    best_pair[p] = Math::kMinusInfinityPair;
-    position_pair[p] = 0xffffffffu;
-  }
+  const uint32_t flip = start_packed_scan<scalar_t>(sign, best_pair, position_pair);
   // As csr-subwarp's sum: a group at least as wide as the unroll shares a
   // batch of `lanes` indices by shuffles; a narrower one reads each step's
   // slots directly (the same addresses in every lane: broadcast loads).
