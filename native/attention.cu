@@ -1099,7 +1099,7 @@ __global__ void row_norms_kernel(const scalar_t* __restrict__ x, int64_t rows, i
     const float value = static_cast<float>(x[base + c]);
     squares += value * value;
   }
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1) squares += __shfl_xor_sync(kFullMask, squares, offset);
+  squares = warp_sum(squares);
   if (lane == 0) norm[row] = sqrtf(squares);
 }
 
@@ -1128,7 +1128,7 @@ __global__ void unit_rows_backward_kernel(const scalar_t* __restrict__ x, const 
   auto unit_at = [&](int64_t i) { return static_cast<float>(x[i]) / divisor; };
   float radial = 0.f;
   for (int c = lane; c < channels; c += kWarp) radial += grad_at(base + c) * unit_at(base + c);
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1) radial += __shfl_xor_sync(kFullMask, radial, offset);
+  radial = warp_sum(radial);
   // clamp_min passes the norm's gradient only where norm >= floor (a NaN norm gets none)
   const float kept = row_norm >= kNormFloor ? radial : 0.f;
   // the second read of the row hits L1: no registers held across the reduction for any C

@@ -132,13 +132,6 @@ __device__ __forceinline__ T warp_sum(T value) {
   return value;
 }
 
-template <typename T>
-__device__ __forceinline__ T warp_max(T value) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1) value = max(value, __shfl_xor_sync(kFullMask, value, offset));
-  return value;
-}
-
 // Lanes that share one edge's feature chunk: the smallest power of two >= the
 // number of chunks in a row, at most a warp. The other lanes take further
 // edges, so narrow rows (bf16 x 128 = 16 chunks) read two edges per step.
