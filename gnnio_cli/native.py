@@ -464,24 +464,28 @@ def _register_fakes() -> None:
     _fakes_registered = True
 
     @torch.library.register_fake("gnnio::segment_sum")
-    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges):
+    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          diagonal=None):
         return x.new_empty((num_rows, x.shape[1]))
 
     @torch.library.register_fake("gnnio::segment_sum_subwarp")
     def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
-          row_order, row_scale=None):
+          row_order, row_scale=None, diagonal=None):
         return x.new_empty((num_rows, x.shape[1]))
 
+    def extremum_outputs(indices, x, num_rows, with_masks):
+        slots = indices.shape[0] if with_masks else 0
+        return x.new_empty((num_rows, x.shape[1])), x.new_empty((slots, (x.shape[1] + 31) // 32), dtype=torch.int32)
+
     @torch.library.register_fake("gnnio::segment_extremum_masked")
-    def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges):
-        return x.new_empty((num_rows, x.shape[1])), x.new_empty((indices.shape[0], (x.shape[1] + 31) // 32),
-                                                                dtype=torch.int32)
+    def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          with_masks=True):
+        return extremum_outputs(indices, x, num_rows, with_masks)
 
     @torch.library.register_fake("gnnio::segment_extremum_masked_subwarp")
     def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
-          row_order):
-        return x.new_empty((num_rows, x.shape[1])), x.new_empty((indices.shape[0], (x.shape[1] + 31) // 32),
-                                                                dtype=torch.int32)
+          row_order, with_masks=True):
+        return extremum_outputs(indices, x, num_rows, with_masks)
 
     @torch.library.register_fake("gnnio::segment_extremum_masked_backward")
     def _(csc_indptr, csc_indices, csc_mask_slot, grad_out, masks, num_src, tile_row, tile_start, heavy_rows,

@@ -94,6 +94,24 @@ inline IndexView index_view(const at::Tensor& t) {
   return IndexView{t.data_ptr(), t.scalar_type() == at::kLong};
 }
 
+// Source ids as 32 bits: one shuffle each instead of two, and a 32 x 32 ->
+// 64-bit multiply for the row offset; kNoSource marks "no slot" (the host
+// checks that x has fewer rows). Kernels that may meet more rows keep int64
+// ids (-1: none); both go through these overloads.
+constexpr uint32_t kNoSource = 0xffffffffu;
+__device__ __forceinline__ bool is_source(int64_t source) { return source >= 0; }
+__device__ __forceinline__ bool is_source(uint32_t source) { return source != kNoSource; }
+__device__ __forceinline__ int64_t row_offset(int64_t source, int64_t width) { return source * width; }
+__device__ __forceinline__ uint64_t row_offset(uint32_t source, int64_t width) {
+  return static_cast<uint64_t>(source) * static_cast<uint32_t>(width);
+}
+
+// Host side: 32-bit source ids need x to have fewer than kNoSource rows.
+inline void check_32bit_sources(const char* op, const at::Tensor& x, const char* others) {
+  GNNIO_CHECK(x.size(0) < int64_t{kNoSource}, op, "source ids are 32-bit: x may have at most ",
+              int64_t{kNoSource} - 1, " rows", others, ", got ", x.size(0));
+}
+
 // ----------------------------------------------------------- vector loads
 // VEC elements of T in one aligned load: 16 bytes (one 128-bit LDG) when
 // VEC * sizeof(T) == 16.
@@ -140,6 +158,32 @@ __host__ __device__ inline int lanes_per_edge(int64_t chunks) {
   while (lanes < kWarp && lanes < chunks) lanes <<= 1;
   return lanes;
 }
+
+// ceil(log2(n)) for 1 <= n <= 2^31: the shift of the smallest power of two
+// >= n. (__clz exists only in device compilation; the host pass of a .cu
+// never runs this.)
+__device__ __forceinline__ int ceil_log2(int n) {
+#ifdef __CUDA_ARCH__
+  return 32 - __clz(n - 1);
+#else
+  return 0;
+#endif
+}
+
+// This lane's place in a warp whose lanes share edges' features in groups of
+// lanes_per_edge(chunks): a power of two, so shifts and masks instead of the
+// integer divisions by a runtime value that the kernels would otherwise pay
+// per work item (about 25 instructions each).
+struct EdgeLanes {
+  int shift;  // log2 of the lanes per edge
+
+  __device__ __forceinline__ explicit EdgeLanes(int64_t chunks)
+      : shift(chunks >= kWarp ? 5 : ceil_log2(max(static_cast<int>(chunks), 1))) {}
+  __device__ __forceinline__ int lanes() const { return 1 << shift; }        // lanes per edge
+  __device__ __forceinline__ int groups() const { return kWarp >> shift; }  // edges a warp step takes
+  __device__ __forceinline__ int group() const { return (threadIdx.x % kWarp) >> shift; }  // this lane's group
+  __device__ __forceinline__ int group_lane() const { return threadIdx.x & ((1 << shift) - 1); }  // its place in it
+};
 
 // ------------------------------------------------------ subwarp layout
 // The "subwarp" kernels (spmm.cu, reduce.cu) serve 16-bit rows of at most
@@ -247,6 +291,68 @@ __device__ __forceinline__ void for_each_work_item(const RowSchedule& s, Body&& 
   }
 }
 
+// ------------------------------------------------------ row batches
+// A light row is a chain of dependent loads: its bounds, then its source
+// ids, then the source rows. Taken one row per work item, a warp waits out
+// the whole chain for every row in turn; on graphs of low in-degree (a grid:
+// 4 slots a row) that waiting is most of the pass. A batched first pass
+// takes the light rows kWarp consecutive rows per work item instead: one
+// load brings all their bounds, and each row's first kWarp slots' ids (or
+// whatever `prefetch` reads per slot) are loaded while the row before it
+// runs, so a row waits on its feature loads only. Batches of consecutive
+// rows also read indptr and the ids in order.
+__host__ __device__ __forceinline__ int64_t batched_first_pass_items(const RowSchedule& s) {
+  return s.num_tiles + (s.num_rows + kWarp - 1) / kWarp;
+}
+
+inline int64_t batched_first_pass_blocks(const RowSchedule& s) {
+  return (batched_first_pass_items(s) + kWarpsPerBlock - 1) / kWarpsPerBlock;
+}
+
+// Each warp calls body(item, prefetched) for its work items (grid stride):
+// the tiles, then the light rows of its batches in row order, skipping
+// heavy rows. prefetch(begin, end) reads what the lane needs of slot
+// begin + lane (when that is < end) and is called for each item before the
+// previous row's body runs; body gets its result as `prefetched`.
+template <typename Prefetch, typename Body>
+__device__ __forceinline__ void for_each_batched_work_item(const RowSchedule& s, Prefetch&& prefetch, Body&& body) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t items = batched_first_pass_items(s);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t warp = warp_index(); warp < items; warp += warps) {
+    WorkItem item;
+    if (warp < s.num_tiles) {
+      tile_item(s, warp, item);
+      body(item, prefetch(item.begin, item.end));
+      continue;
+    }
+    const int64_t first_row = (warp - s.num_tiles) * kWarp;
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kWarp), s.num_rows - first_row));
+    // Lane i holds row first_row + i's first slot; the batch ends at batch_end.
+    const int64_t my_begin = lane < rows ? s.indptr[first_row + lane] : 0;
+    const int64_t batch_end = s.indptr[first_row + rows];
+    const auto row_start = [&](int j) {
+      const int64_t start = __shfl_sync(kFullMask, my_begin, min(j, kWarp - 1));
+      return j < rows ? start : batch_end;
+    };
+    item.partial = -1;
+    item.begin = row_start(0);
+    item.end = row_start(1);
+    auto prefetched = prefetch(item.begin, item.end);
+    for (int j = 0; j < rows; ++j) {
+      // The next row's reads go out before this row's body.
+      const int64_t next_end = row_start(j + 2);
+      const auto next_prefetched = prefetch(item.end, next_end);
+      item.row = first_row + j;
+      item.row_begin = item.begin;
+      if (item.end - item.begin <= s.tile_edges) body(item, prefetched);
+      item.begin = item.end;
+      item.end = next_end;
+      prefetched = next_prefetched;
+    }
+  }
+}
+
 // The order in which a subwarp first pass takes the light rows: `rows`
 // (int64 [count], e.g. by descending degree, so the rows sharing a warp are
 // about as long and no group idles behind its neighbour) or, with rows
@@ -283,12 +389,22 @@ __device__ __forceinline__ bool subwarp_row(const RowSchedule& s, const LightRow
 // of one-row-per-warp lives as long as its longest row while its other warps
 // idle; warps that move on to their next item keep the SM's slots busy.
 template <typename Kernel>
-inline int64_t resident_first_pass_blocks(Kernel kernel, const RowSchedule& s) {
+inline int64_t resident_blocks(Kernel kernel, int64_t needed_blocks) {
   int blocks_per_sm = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kWarp * kWarpsPerBlock, 0));
   const int64_t resident =
       static_cast<int64_t>(std::max(blocks_per_sm, 1)) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  return std::max<int64_t>(1, std::min(first_pass_blocks(s), resident));
+  return std::max<int64_t>(1, std::min(needed_blocks, resident));
+}
+
+template <typename Kernel>
+inline int64_t resident_first_pass_blocks(Kernel kernel, const RowSchedule& s) {
+  return resident_blocks(kernel, first_pass_blocks(s));
+}
+
+template <typename Kernel>
+inline int64_t resident_batched_pass_blocks(Kernel kernel, const RowSchedule& s) {
+  return resident_blocks(kernel, batched_first_pass_blocks(s));
 }
 
 // Host side: check and view the schedule tensors built in Python.

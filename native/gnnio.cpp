@@ -19,9 +19,13 @@ TORCH_LIBRARY(gnnio, m) {
   // out[r] = sum over slots k of row r of values[k] * x[indices[k]] (values
   // fp32 [E] in slot order, or None for all ones); [R, F] in x's dtype.
   // Deterministic: heavy rows are summed per tile, tiles merged in order.
+  // diagonal: optional fp32 [R] of a square operator (x has R rows), adding
+  // diagonal[r] * x[r] to row r without a slot for it (GCN's self-loops: x[r]
+  // is read in row order instead of gathered).
   m.def(
       "segment_sum(Tensor indptr, Tensor indices, Tensor? values, Tensor x, int num_rows, "
-      "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges) -> Tensor");
+      "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "
+      "Tensor? diagonal=None) -> Tensor");
 
   // segment_sum for fp16/bf16 x of at most 128 features, a multiple of 8, 16-byte
   // aligned: the same result up to summation order (fp32, rounded once, also
@@ -31,10 +35,11 @@ TORCH_LIBRARY(gnnio, m) {
   // descending degree); None: row order. row_scale: optional fp32 [R] for
   // operators whose slots of row r all hold values[k] == row_scale[r] (mean):
   // the light rows then sum plainly and scale once; tiles still read values.
+  // diagonal: as segment_sum's (not combined with row_scale).
   m.def(
       "segment_sum_subwarp(Tensor indptr, Tensor indices, Tensor? values, Tensor x, int num_rows, "
       "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "
-      "Tensor? row_order, Tensor? row_scale=None) -> Tensor");
+      "Tensor? row_order, Tensor? row_scale=None, Tensor? diagonal=None) -> Tensor");
 
   // cuSPARSE SpMM (CSR, fp32 compute): out[r] = sum_k values[k] * x[indices[k]].
   // indptr and indices share one index dtype (int32 or int64); values has x's

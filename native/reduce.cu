@@ -14,7 +14,8 @@
 // Instead of a winner per (target, feature), the forward records per edge
 // which features it won: a bit mask [E, ceil(F / 32)] in CSR slot order,
 // built per light row in shared memory (no global atomics), written zero by
-// heavy rows' tiles and filled in by their merge pass.
+// heavy rows' tiles and filled in by their merge pass. Inference (no
+// gradient wanted) skips the masks altogether.
 //
 // Backward: no atomics. Each source row of the CSC takes its out-edges 32 at a
 // time: one load of their masks (staged in shared memory), then gradient
@@ -79,16 +80,32 @@ __device__ __forceinline__ void store_winners(scalar_t* out, const float (&best)
   store_vec<scalar_t, VEC>(out, result);
 }
 
+// This lane's source id in the 32-slot batch at `base` of the item: the first
+// batch's came with the item (prefetched, see for_each_batched_work_item).
+__device__ __forceinline__ uint32_t batch_source(IndexView indices, uint32_t first_source, const WorkItem& item,
+                                                 int64_t base, int count) {
+  const int lane = threadIdx.x % kWarp;
+  if (base == item.begin) return first_source;
+  return lane < count ? static_cast<uint32_t>(indices[base + lane]) : 0u;
+}
+
+// The lane's source id of slot begin + lane, if the item has that slot.
+__device__ __forceinline__ uint32_t lane_source(IndexView indices, int64_t begin, int64_t end) {
+  const int lane = threadIdx.x % kWarp;
+  return lane < end - begin ? static_cast<uint32_t>(indices[begin + lane]) : 0u;
+}
+
 // The sources of the lane group's slots in one step of a 32-slot batch whose
 // indices the lanes hold one each (my_source): slot step + u * groups + group
-// for each u, -1 past the batch or for an inactive lane.
-__device__ __forceinline__ void step_sources(int64_t my_source, int step, int count, int groups, int group,
-                                             bool active, int64_t (&source)[kForwardUnroll]) {
+// for each u, kNoSource past the batch or for an inactive lane. Ids are 32
+// bits (common.cuh): one shuffle each, and fewer registers.
+__device__ __forceinline__ void step_sources(uint32_t my_source, int step, int count, int groups, int group,
+                                             bool active, uint32_t (&source)[kForwardUnroll]) {
 #pragma unroll
   for (int u = 0; u < kForwardUnroll; ++u) {
     const int slot = step + u * groups + group;
     source[u] = __shfl_sync(kFullMask, my_source, slot % kWarp);
-    if (slot >= count || !active) source[u] = -1;
+    if (slot >= count || !active) source[u] = kNoSource;
   }
 }
 
@@ -98,9 +115,10 @@ __device__ __forceinline__ void step_sources(int64_t my_source, int step, int co
 // source-sorted row this is the full order of beats() for a lane's slots,
 // which come in ascending order.
 template <typename scalar_t, int VEC>
-__device__ __forceinline__ void scan_slots(const WorkItem& item, IndexView indices, const scalar_t* __restrict__ x,
-                                           int64_t width, int64_t column, bool active, float sign, int group,
-                                           int groups, float (&best)[VEC], int32_t (&best_position)[VEC]) {
+__device__ __forceinline__ void scan_slots(const WorkItem& item, IndexView indices, uint32_t first_source,
+                                           const scalar_t* __restrict__ x, int64_t width, int64_t column, bool active,
+                                           float sign, int group, int groups, float (&best)[VEC],
+                                           int32_t (&best_position)[VEC]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
@@ -109,19 +127,19 @@ __device__ __forceinline__ void scan_slots(const WorkItem& item, IndexView indic
   }
   for (int64_t base = item.begin; base < item.end; base += kWarp) {
     const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
-    const int64_t my_source = lane < count ? indices[base + lane] : 0;
+    const uint32_t my_source = batch_source(indices, first_source, item, base, count);
     const int32_t base_position = static_cast<int32_t>(base - item.row_begin);
     for (int step = 0; step < count; step += groups * kForwardUnroll) {
-      int64_t source[kForwardUnroll];
+      uint32_t source[kForwardUnroll];
       step_sources(my_source, step, count, groups, group, active, source);
       Vec<scalar_t, VEC> row[kForwardUnroll];
 #pragma unroll
       for (int u = 0; u < kForwardUnroll; ++u) {
-        if (source[u] >= 0) row[u] = load_vec<scalar_t, VEC>(x + source[u] * width + column);
+        if (is_source(source[u])) row[u] = load_vec<scalar_t, VEC>(x + row_offset(source[u], width) + column);
       }
 #pragma unroll
       for (int u = 0; u < kForwardUnroll; ++u) {
-        if (source[u] < 0) continue;
+        if (!is_source(source[u])) continue;
         const int32_t position = base_position + step + u * groups + group;
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
@@ -205,24 +223,24 @@ __device__ __forceinline__ void packed_take(const Vec<uint32_t, 4>& row, uint32_
   }
 }
 
-// One step's slots met by the packed maxima: source[u] (-1: none) at scan
-// position first_position + u * position_stride. All loads are issued
+// One step's slots met by the packed maxima: source[u] (kNoSource: none) at
+// scan position first_position + u * position_stride. All loads are issued
 // before any is used.
 template <typename scalar_t>
-__device__ __forceinline__ void packed_step(const int64_t (&source)[kForwardUnroll], uint32_t first_position,
+__device__ __forceinline__ void packed_step(const uint32_t (&source)[kForwardUnroll], uint32_t first_position,
                                             int position_stride, const scalar_t* __restrict__ x, int64_t width,
                                             int64_t column, uint32_t flip, uint32_t (&best_pair)[4],
                                             uint32_t (&position_pair)[4]) {
   Vec<uint32_t, 4> row[kForwardUnroll];
 #pragma unroll
   for (int u = 0; u < kForwardUnroll; ++u) {
-    if (source[u] >= 0) {
-      row[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(x + source[u] * width + column));
+    if (is_source(source[u])) {
+      row[u] = load_vec<uint32_t, 4>(reinterpret_cast<const uint32_t*>(x + row_offset(source[u], width) + column));
     }
   }
 #pragma unroll
   for (int u = 0; u < kForwardUnroll; ++u) {
-    if (source[u] < 0) continue;
+    if (!is_source(source[u])) continue;
     packed_take<scalar_t>(row[u], first_position + u * position_stride, flip, best_pair, position_pair);
   }
 }
@@ -261,7 +279,7 @@ __device__ __forceinline__ uint32_t start_packed_scan(float sign, uint32_t (&bes
 }
 
 template <typename scalar_t>
-__device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexView indices,
+__device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexView indices, uint32_t first_source,
                                                   const scalar_t* __restrict__ x, int64_t width, int64_t column,
                                                   bool active, float sign, int group, int groups, float (&best)[8],
                                                   int32_t (&best_position)[8]) {
@@ -271,10 +289,10 @@ __device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexVie
   const uint32_t flip = start_packed_scan<scalar_t>(sign, best_pair, position_pair);
   for (int64_t base = item.begin; base < item.end; base += kWarp) {
     const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
-    const int64_t my_source = lane < count ? indices[base + lane] : 0;
+    const uint32_t my_source = batch_source(indices, first_source, item, base, count);
     const uint32_t base_position = static_cast<uint32_t>(base - item.begin);
     for (int step = 0; step < count; step += groups * kForwardUnroll) {
-      int64_t source[kForwardUnroll];
+      uint32_t source[kForwardUnroll];
       step_sources(my_source, step, count, groups, group, active, source);
       packed_step<scalar_t>(source, base_position + step + group, groups, x, width, column, flip, best_pair,
                             position_pair);
@@ -284,11 +302,17 @@ __device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexVie
                            item.begin + group < item.end, best, best_position);
 }
 
+// A pass's mask words per slot rounded up to a power of two (1, 2, 4, 8):
+// the log2 of that stride, so a (slot, word) index splits by shifts, not by
+// a division by pass_words.
+__device__ __forceinline__ int word_stride_shift(int pass_words) { return ceil_log2(pass_words); }
+
 // The masks of one pass (features [pass_column, pass_column + 32 * pass_words))
 // of a light row: each owner lane sets its features' bits at its winners'
-// slots in a shared window (`window_capacity` words), which the row's
-// `workers` lanes (this one is `worker`; `sync_mask` names them: the warp,
-// or one lane group) then write out whole, zeros included.
+// slots in a shared window (`window_capacity` words, slot-major with a word
+// stride of word_stride_shift), which the row's `workers` lanes (this one is
+// `worker`; `sync_mask` names them: the warp, or one lane group) then write
+// out whole, zeros included.
 template <int VEC>
 __device__ __forceinline__ void write_row_masks(const WorkItem& item, const int32_t (&best_position)[VEC],
                                                 bool owner, int64_t column, int64_t pass_column, int pass_words,
@@ -296,43 +320,54 @@ __device__ __forceinline__ void write_row_masks(const WorkItem& item, const int3
                                                 uint32_t* __restrict__ window, int window_capacity,
                                                 uint32_t* __restrict__ masks) {
   const int slots = static_cast<int>(item.end - item.begin);
-  const int window_slots = window_capacity / pass_words;
+  const int shift = word_stride_shift(pass_words);
+  const int word_mask = (1 << shift) - 1;
+  const int window_slots = window_capacity >> shift;
   const int64_t first_word = pass_column / 32;
   for (int window_begin = 0; window_begin < slots; window_begin += window_slots) {
-    const int window_words = min(window_slots, slots - window_begin) * pass_words;
-    for (int i = worker; i < window_words; i += workers) window[i] = 0u;
+    const int window_entries = min(window_slots, slots - window_begin) << shift;
+    for (int i = worker; i < window_entries; i += workers) window[i] = 0u;
     __syncwarp(sync_mask);
     if (owner) {
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
         const int offset = best_position[v] - window_begin;
         const int feature = static_cast<int>(column + v - pass_column);
-        if (offset >= 0 && offset * pass_words < window_words) {
-          atomicOr(&window[offset * pass_words + feature / 32], 1u << (feature % 32));
+        if (offset >= 0 && (offset << shift) < window_entries) {
+          atomicOr(&window[(offset << shift) + feature / 32], 1u << (feature % 32));
         }
       }
     }
     __syncwarp(sync_mask);
-    for (int i = worker; i < window_words; i += workers) {
-      const int64_t slot = item.begin + window_begin + i / pass_words;
-      masks[slot * mask_words + first_word + i % pass_words] = window[i];
+    for (int i = worker; i < window_entries; i += workers) {
+      const int word = i & word_mask;
+      if (word < pass_words) {
+        const int64_t slot = item.begin + window_begin + (i >> shift);
+        masks[slot * mask_words + first_word + word] = window[i];
+      }
     }
     __syncwarp(sync_mask);
   }
 }
 
-template <typename scalar_t, int VEC>
-__device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView indices, const scalar_t* __restrict__ x,
+// kWholeWarp: rows of at least 32 vectors (fp32 x 128 and wider), where
+// every lane takes the same edge: the lane layout is known at compile time,
+// so no per-item arithmetic for it and no merge across lane groups.
+template <typename scalar_t, int VEC, bool kWholeWarp>
+__device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView indices, uint32_t first_source,
+                                              const scalar_t* __restrict__ x,
                                               int64_t width, float sign, scalar_t* __restrict__ out,
                                               uint32_t* __restrict__ masks, int64_t mask_words,
                                               uint32_t* __restrict__ window, float* __restrict__ partial_values,
                                               int32_t* __restrict__ partial_positions) {
   const int lane = threadIdx.x % kWarp;
   const int64_t chunks = width / VEC;
-  const int lanes = lanes_per_edge(chunks);
-  const int groups = kWarp / lanes;
-  const int group = lane / lanes;
-  const int group_lane = lane % lanes;
+  // Divisions here, not EdgeLanes' shifts: with those the compiler keeps
+  // more state across the item loop and spills (ptxas, sm_90).
+  const int lanes = kWholeWarp ? kWarp : lanes_per_edge(chunks);
+  const int groups = kWholeWarp ? 1 : kWarp / lanes;
+  const int group = kWholeWarp ? 0 : lane / lanes;
+  const int group_lane = kWholeWarp ? lane : lane % lanes;
 
   for (int64_t first_chunk = 0; first_chunk < chunks; first_chunk += lanes) {
     const int64_t chunk = first_chunk + group_lane;
@@ -341,9 +376,11 @@ __device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView in
     float best[VEC];
     int32_t best_position[VEC];
     if constexpr (sizeof(scalar_t) == 2 && VEC == 8) {
-      scan_slots_packed<scalar_t>(item, indices, x, width, column, active, sign, group, groups, best, best_position);
+      scan_slots_packed<scalar_t>(item, indices, first_source, x, width, column, active, sign, group, groups, best,
+                                  best_position);
     } else {
-      scan_slots<scalar_t, VEC>(item, indices, x, width, column, active, sign, group, groups, best, best_position);
+      scan_slots<scalar_t, VEC>(item, indices, first_source, x, width, column, active, sign, group, groups, best,
+                                best_position);
     }
     for (int offset = lanes; offset < kWarp; offset <<= 1) {
 #pragma unroll
@@ -363,8 +400,10 @@ __device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView in
     const int pass_words = static_cast<int>((min(width - pass_column, static_cast<int64_t>(lanes * VEC)) + 31) / 32);
     if (item.partial < 0) {
       if (owner) store_winners<scalar_t, VEC>(out + item.row * width + column, best, best_position, sign);
-      write_row_masks<VEC>(item, best_position, owner, column, pass_column, pass_words, mask_words, lane, kWarp,
-                           kFullMask, window, kMaskWindowWords, masks);
+      if (masks != nullptr) {
+        write_row_masks<VEC>(item, best_position, owner, column, pass_column, pass_words, mask_words, lane, kWarp,
+                             kFullMask, window, kMaskWindowWords, masks);
+      }
     } else {
       if (owner) {
 #pragma unroll
@@ -374,10 +413,13 @@ __device__ __forceinline__ void extremum_item(const WorkItem& item, IndexView in
         }
       }
       // The merge pass sets the winners' bits of heavy rows.
-      const int tile_words = static_cast<int>(item.end - item.begin) * pass_words;
+      if (masks == nullptr) continue;
+      const int shift = word_stride_shift(pass_words);
+      const int entries = static_cast<int>(item.end - item.begin) << shift;
       const int64_t first_word = pass_column / 32;
-      for (int i = lane; i < tile_words; i += kWarp) {
-        masks[(item.begin + i / pass_words) * mask_words + first_word + i % pass_words] = 0u;
+      for (int i = lane; i < entries; i += kWarp) {
+        const int word = i & ((1 << shift) - 1);
+        if (word < pass_words) masks[(item.begin + (i >> shift)) * mask_words + first_word + word] = 0u;
       }
     }
   }
@@ -391,13 +433,19 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
                             int32_t* __restrict__ partial_positions) {
   __shared__ uint32_t windows[kWarpsPerBlock][kMaskWindowWords];
   uint32_t* window = windows[threadIdx.x / kWarp];
-  for_each_work_item(schedule, [&](const WorkItem& item) {
-    if (vectorised) {
-      extremum_item<scalar_t, vec_width<scalar_t>()>(item, indices, x, width, sign, out, masks, mask_words, window,
-                                                     partial_values, partial_positions);
+  const auto sources = [&](int64_t begin, int64_t end) { return lane_source(indices, begin, end); };
+  for_each_batched_work_item(schedule, sources, [&](const WorkItem& item, uint32_t first_source) {
+    constexpr int kVec = vec_width<scalar_t>();
+    // (fp32 only: the 16-bit instantiations spill with a third copy of the item.)
+    if (sizeof(scalar_t) == 4 && vectorised && width >= kWarp * kVec) {
+      extremum_item<scalar_t, kVec, true>(item, indices, first_source, x, width, sign, out, masks, mask_words,
+                                          window, partial_values, partial_positions);
+    } else if (vectorised) {
+      extremum_item<scalar_t, kVec, false>(item, indices, first_source, x, width, sign, out, masks, mask_words,
+                                           window, partial_values, partial_positions);
     } else {
-      extremum_item<scalar_t, 1>(item, indices, x, width, sign, out, masks, mask_words, window, partial_values,
-                                 partial_positions);
+      extremum_item<scalar_t, 1, false>(item, indices, first_source, x, width, sign, out, masks, mask_words, window,
+                                        partial_values, partial_positions);
     }
   });
 }
@@ -430,19 +478,19 @@ __device__ __forceinline__ void extremum_row_in_group(const WorkItem& item, cons
   const int batch = shared ? lanes : kForwardUnroll;
   for (int64_t base = item.begin; base < item.end; base += batch) {
     const int count = static_cast<int>(min(static_cast<int64_t>(batch), item.end - base));
-    const int64_t my_source = shared && group_lane < count ? indices[base + group_lane] : 0;
+    const uint32_t my_source = shared && group_lane < count ? static_cast<uint32_t>(indices[base + group_lane]) : 0u;
     const uint32_t base_position = static_cast<uint32_t>(base - item.begin);
     for (int step = 0; step < count; step += kForwardUnroll) {
-      int64_t source[kForwardUnroll];
+      uint32_t source[kForwardUnroll];
 #pragma unroll
       for (int u = 0; u < kForwardUnroll; ++u) {
         const int slot = step + u;
         if (shared) {
           source[u] = __shfl_sync(groups.mask, my_source, slot % lanes, lanes);
         } else {
-          source[u] = slot < count ? indices[base + slot] : 0;
+          source[u] = slot < count ? static_cast<uint32_t>(indices[base + slot]) : 0u;
         }
-        if (slot >= count || !active) source[u] = -1;
+        if (slot >= count || !active) source[u] = kNoSource;
       }
       packed_step<scalar_t>(source, base_position + step, 1, x, width, column, flip, best_pair, position_pair);
     }
@@ -452,8 +500,10 @@ __device__ __forceinline__ void extremum_row_in_group(const WorkItem& item, cons
   unpack_winners<scalar_t>(best_pair, position_pair, 0, 0, item.end > item.begin, best, best_position);
   if (active) store_winners<scalar_t, kSubwarpVec>(out + item.row * width + column, best, best_position, sign);
   // The whole row is one pass: every mask word of its slots.
-  write_row_masks<kSubwarpVec>(item, best_position, active, column, 0, static_cast<int>(mask_words), mask_words,
-                               group_lane, lanes, groups.mask, window, window_capacity, masks);
+  if (masks != nullptr) {
+    write_row_masks<kSubwarpVec>(item, best_position, active, column, 0, static_cast<int>(mask_words), mask_words,
+                                 group_lane, lanes, groups.mask, window, window_capacity, masks);
+  }
 }
 
 // Work items: heavy rows' tiles (one warp each, extremum_item), then the
@@ -475,8 +525,8 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
     WorkItem item;
     if (warp < schedule.num_tiles) {
       tile_item(schedule, warp, item);
-      extremum_item<scalar_t, kSubwarpVec>(item, indices, x, width, sign, out, masks, mask_words, window,
-                                           partial_values, partial_positions);
+      extremum_item<scalar_t, kSubwarpVec, false>(item, indices, lane_source(indices, item.begin, item.end), x, width, sign,
+                                           out, masks, mask_words, window, partial_values, partial_positions);
       continue;
     }
     // A heavy row's tiles and merge pass write its output and masks.
@@ -528,7 +578,7 @@ __global__ void merge_extremum_kernel(RowSchedule schedule, const float* __restr
     // Every tile has slots, so an in-range winner exists; out-of-range lanes
     // match only each other.
     const unsigned same_slot = __match_any_sync(kFullMask, in_range ? best_position : kNoWinner);
-    if (in_range && __ffs(same_slot) - 1 == static_cast<int>(threadIdx.x % kWarp)) {
+    if (masks != nullptr && in_range && __ffs(same_slot) - 1 == static_cast<int>(threadIdx.x % kWarp)) {
       masks[(row_begin + best_position) * mask_words + column / 32] = same_slot;
     }
   }
@@ -539,18 +589,35 @@ __global__ void merge_extremum_kernel(RowSchedule schedule, const float* __restr
 // features of 16 bits in one pass).
 constexpr int kMaxPassWords = 8;
 
+// One lane's out-edge of a 32-edge batch: its target row and the CSR slot of
+// its masks, both 32 bits (the host checks both counts).
+struct OutEdge {
+  uint32_t target;
+  uint32_t mask_slot;
+};
+
+__device__ __forceinline__ OutEdge read_out_edge(IndexView targets, IndexView mask_slots, int64_t base, int64_t end) {
+  const int lane = threadIdx.x % kWarp;
+  if (lane >= end - base) return OutEdge{0u, 0u};
+  return OutEdge{static_cast<uint32_t>(targets[base + lane]), static_cast<uint32_t>(mask_slots[base + lane])};
+}
+
+// `first` is the lane's edge of the item's first batch, read ahead (see
+// for_each_batched_work_item).
 template <typename scalar_t, int VEC>
-__device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexView targets, IndexView mask_slots,
+__device__ __forceinline__ void extremum_grad_item(const WorkItem& item, const OutEdge& first, IndexView targets,
+                                                   IndexView mask_slots,
                                                    const scalar_t* __restrict__ grad_out,
                                                    const uint32_t* __restrict__ masks, int64_t mask_words,
                                                    int64_t width, uint32_t* __restrict__ staged,
                                                    scalar_t* __restrict__ grad_x, float* __restrict__ partials) {
   const int lane = threadIdx.x % kWarp;
   const int64_t chunks = width / VEC;
-  const int lanes = lanes_per_edge(chunks);
-  const int groups = kWarp / lanes;
-  const int group = lane / lanes;
-  const int group_lane = lane % lanes;
+  const EdgeLanes layout(chunks);
+  const int lanes = layout.lanes();
+  const int groups = layout.groups();
+  const int group = layout.group();
+  const int group_lane = layout.group_lane();
   constexpr uint32_t kLaneBits = (1u << VEC) - 1u;
   constexpr int kUnroll = backward_unroll<scalar_t>();
 
@@ -571,8 +638,7 @@ __device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexVi
     for (int64_t base = item.begin; base < item.end; base += kWarp) {
       const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
       const bool own_slot = lane < count;
-      const int64_t my_target = own_slot ? targets[base + lane] : 0;
-      const int64_t my_mask_slot = own_slot ? mask_slots[base + lane] : 0;
+      const OutEdge mine = base == item.begin ? first : read_out_edge(targets, mask_slots, base, item.end);
       // Each lane stages its own edge's words of this pass (independent loads,
       // one latency for the batch); staged[w * 32 + slot] keeps the writes
       // free of bank conflicts.
@@ -580,7 +646,7 @@ __device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexVi
 #pragma unroll
       for (int w = 0; w < kMaxPassWords; ++w) {
         if (w < pass_words) {
-          const uint32_t bits = own_slot ? masks[my_mask_slot * mask_words + first_word + w] : 0u;
+          const uint32_t bits = own_slot ? masks[mine.mask_slot * mask_words + first_word + w] : 0u;
           staged[w * kWarp + lane] = bits;
           won_any |= bits != 0u;
         }
@@ -600,11 +666,11 @@ __device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexVi
             if (g == group) slot[u] = next;
           }
         }
-        int64_t target[kUnroll];
+        uint32_t target[kUnroll];
         uint32_t won[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          target[u] = __shfl_sync(kFullMask, my_target, slot[u] & (kWarp - 1));
+          target[u] = __shfl_sync(kFullMask, mine.target, slot[u] & (kWarp - 1));
           won[u] = slot[u] >= 0 && active ? (staged[word * kWarp + slot[u]] >> shift) & kLaneBits : 0u;
         }
         // The step's gradient loads are all issued before any is used, so
@@ -612,7 +678,7 @@ __device__ __forceinline__ void extremum_grad_item(const WorkItem& item, IndexVi
         Vec<scalar_t, VEC> grad[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          if (won[u] != 0u) grad[u] = load_vec<scalar_t, VEC>(grad_out + target[u] * width + column);
+          if (won[u] != 0u) grad[u] = load_vec<scalar_t, VEC>(grad_out + row_offset(target[u], width) + column);
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -650,13 +716,14 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
                                      scalar_t* __restrict__ grad_x, float* __restrict__ partials) {
   __shared__ uint32_t staging[kWarpsPerBlock][kMaxPassWords * kWarp];
   uint32_t* staged = staging[threadIdx.x / kWarp];
-  for_each_work_item(schedule, [&](const WorkItem& item) {
+  const auto edges = [&](int64_t begin, int64_t end) { return read_out_edge(targets, mask_slots, begin, end); };
+  for_each_batched_work_item(schedule, edges, [&](const WorkItem& item, const OutEdge& first) {
     if (vectorised) {
-      extremum_grad_item<scalar_t, vec_width<scalar_t>()>(item, targets, mask_slots, grad_out, masks, mask_words,
-                                                          width, staged, grad_x, partials);
+      extremum_grad_item<scalar_t, vec_width<scalar_t>()>(item, first, targets, mask_slots, grad_out, masks,
+                                                          mask_words, width, staged, grad_x, partials);
     } else {
-      extremum_grad_item<scalar_t, 1>(item, targets, mask_slots, grad_out, masks, mask_words, width, staged, grad_x,
-                                      partials);
+      extremum_grad_item<scalar_t, 1>(item, first, targets, mask_slots, grad_out, masks, mask_words, width, staged,
+                                      grad_x, partials);
     }
   });
 }
@@ -674,7 +741,7 @@ std::tuple<at::Tensor, at::Tensor> extremum_forward(const char* op, bool subwarp
                                                     bool is_min, const at::Tensor& tile_row,
                                                     const at::Tensor& tile_start, const at::Tensor& heavy_rows,
                                                     const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
-                                                    const std::optional<at::Tensor>& row_order) {
+                                                    const std::optional<at::Tensor>& row_order, bool with_masks) {
   check_features(op, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const RowSchedule schedule =
@@ -684,6 +751,7 @@ std::tuple<at::Tensor, at::Tensor> extremum_forward(const char* op, bool subwarp
   check_array(op, "indptr", indptr, x, num_rows + 1);
   GNNIO_CHECK(indices.numel() < (int64_t{1} << 31), op, "rows are addressed with int32 positions; got ",
               indices.numel(), " slots");
+  check_32bit_sources(op, x, "");
   const int64_t width = x.size(1);
   if (subwarp) {
     GNNIO_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, op,
@@ -697,12 +765,12 @@ std::tuple<at::Tensor, at::Tensor> extremum_forward(const char* op, bool subwarp
   const LightRows light = light_rows(op, row_order, x, num_rows);
   const int64_t mask_words = mask_words_for(width);
   at::Tensor out = at::empty({num_rows, width}, x.options());
-  at::Tensor masks = at::empty({indices.numel(), mask_words}, x.options().dtype(at::kInt));
+  at::Tensor masks = at::empty({with_masks ? indices.numel() : 0, mask_words}, x.options().dtype(at::kInt));
   if (num_rows == 0 || width == 0) return {out, masks};
   at::Tensor partial_values = at::empty({schedule.num_tiles, width}, x.options().dtype(at::kFloat));
   at::Tensor partial_positions = at::empty({schedule.num_tiles, width}, x.options().dtype(at::kInt));
   const float sign = is_min ? -1.f : 1.f;
-  uint32_t* mask_data = reinterpret_cast<uint32_t*>(masks.data_ptr<int32_t>());
+  uint32_t* mask_data = with_masks ? reinterpret_cast<uint32_t*>(masks.data_ptr<int32_t>()) : nullptr;
   auto stream = at::cuda::getCurrentCUDAStream();
   // Heavy rows: the tiles' winners merged, after either first pass.
   const auto merge = [&](auto zero) {
@@ -737,7 +805,7 @@ std::tuple<at::Tensor, at::Tensor> extremum_forward(const char* op, bool subwarp
     const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
                             rows_vectorisable(out, width, vec_width<scalar_t>()) &&
                             (sizeof(scalar_t) == 4 || tile_edges < kPackedPositionLimit);
-    const int64_t blocks = resident_first_pass_blocks(segment_extremum_kernel<scalar_t>, schedule);
+    const int64_t blocks = resident_batched_pass_blocks(segment_extremum_kernel<scalar_t>, schedule);
     segment_extremum_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
         schedule, index_view(indices), x.data_ptr<scalar_t>(), width, vectorised, sign, out.data_ptr<scalar_t>(),
         mask_data, mask_words, partial_values.data_ptr<float>(), partial_positions.data_ptr<int32_t>());
@@ -753,17 +821,19 @@ std::tuple<at::Tensor, at::Tensor> segment_extremum_masked(const at::Tensor& ind
                                                            const at::Tensor& x, int64_t num_rows, bool is_min,
                                                            const at::Tensor& tile_row, const at::Tensor& tile_start,
                                                            const at::Tensor& heavy_rows,
-                                                           const at::Tensor& heavy_tile_ptr, int64_t tile_edges) {
+                                                           const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
+                                                           bool with_masks) {
   return extremum_forward("gnnio::segment_extremum_masked", false, indptr, indices, x, num_rows, is_min, tile_row,
-                          tile_start, heavy_rows, heavy_tile_ptr, tile_edges, std::nullopt);
+                          tile_start, heavy_rows, heavy_tile_ptr, tile_edges, std::nullopt, with_masks);
 }
 
 std::tuple<at::Tensor, at::Tensor> segment_extremum_masked_subwarp(
     const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& x, int64_t num_rows, bool is_min,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
-    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const std::optional<at::Tensor>& row_order) {
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const std::optional<at::Tensor>& row_order,
+    bool with_masks) {
   return extremum_forward("gnnio::segment_extremum_masked_subwarp", true, indptr, indices, x, num_rows, is_min,
-                          tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order);
+                          tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order, with_masks);
 }
 
 at::Tensor segment_extremum_masked_backward(const at::Tensor& csc_indptr, const at::Tensor& csc_indices,
@@ -781,6 +851,9 @@ at::Tensor segment_extremum_masked_backward(const at::Tensor& csc_indptr, const 
   check_array(op, "csc_indptr", csc_indptr, grad_out, num_src + 1);
   check_index_dtype(op, "csc_mask_slot", csc_mask_slot);
   check_array(op, "csc_mask_slot", csc_mask_slot, grad_out, csc_indices.numel());
+  GNNIO_CHECK(csc_indices.numel() < (int64_t{1} << 31), op, "mask slots are read as 32 bits; got ",
+              csc_indices.numel(), " slots");
+  check_32bit_sources(op, grad_out, "");
   const int64_t width = grad_out.size(1);
   const int64_t mask_words = mask_words_for(width);
   GNNIO_CHECK(masks.scalar_type() == at::kInt, op, "masks must be int32 (from segment_extremum_masked), got ",
@@ -796,7 +869,7 @@ at::Tensor segment_extremum_masked_backward(const at::Tensor& csc_indptr, const 
   GNNIO_DISPATCH_FEATURES(grad_out.scalar_type(), op, [&] {
     constexpr int vec = vec_width<scalar_t>();
     const bool vectorised = rows_vectorisable(grad_out, width, vec) && rows_vectorisable(grad_x, width, vec);
-    const int64_t blocks = resident_first_pass_blocks(segment_extremum_backward_kernel<scalar_t>, schedule);
+    const int64_t blocks = resident_batched_pass_blocks(segment_extremum_backward_kernel<scalar_t>, schedule);
     segment_extremum_backward_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
         schedule, index_view(csc_indices), index_view(csc_mask_slot), grad_out.data_ptr<scalar_t>(),
         reinterpret_cast<const uint32_t*>(masks.data_ptr<int32_t>()), mask_words, width, vectorised,
@@ -814,11 +887,12 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   // word f / 32 of slot k is set when slot k won feature f of its row).
   // Winner: the largest value (NaN counts as largest), ties to the earliest
   // slot, i.e. the smallest source id. Exactly one bit per (non-empty row,
-  // feature).
+  // feature). with_masks false (inference: no gradient to route) skips the
+  // masks, which are then [0, ceil(F / 32)].
   m.def(
       "segment_extremum_masked(Tensor indptr, Tensor indices, Tensor x, int num_rows, bool is_min, "
-      "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges) "
-      "-> (Tensor, Tensor)");
+      "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "
+      "bool with_masks=True) -> (Tensor, Tensor)");
 
   // segment_extremum_masked for fp16/bf16 x of at most 128 features, a
   // multiple of 8, 16-byte aligned, and tile_edges < 65,535: the same outputs
@@ -829,7 +903,7 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def(
       "segment_extremum_masked_subwarp(Tensor indptr, Tensor indices, Tensor x, int num_rows, bool is_min, "
       "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "
-      "Tensor? row_order) -> (Tensor, Tensor)");
+      "Tensor? row_order, bool with_masks=True) -> (Tensor, Tensor)");
 
   // Gradient of segment_extremum_masked with respect to x, without atomics:
   // for each source s (a CSC row), the sum of grad_out[t, f] over its edges

@@ -29,21 +29,11 @@ namespace {
 // 4 on rmat20 and uniform20 (H100): the extra registers cost occupancy.
 constexpr int kEdgeUnroll = 4;
 
-// Source ids of one step: int64 (-1: none), or, in the subwarp kernel's light
-// rows, 32 bits (kNoSource: none; x has fewer rows, checked on the host),
-// which take one shuffle each instead of two and a 32 x 32 -> 64-bit multiply
-// (and there keep the bf16 instantiation within 64 registers, no spill).
-constexpr uint32_t kNoSource = 0xffffffffu;
-__device__ __forceinline__ bool is_source(int64_t source) { return source >= 0; }
-__device__ __forceinline__ bool is_source(uint32_t source) { return source != kNoSource; }
-__device__ __forceinline__ int64_t row_offset(int64_t source, int64_t width) { return source * width; }
-__device__ __forceinline__ uint64_t row_offset(uint32_t source, int64_t width) {
-  return static_cast<uint64_t>(source) * static_cast<uint32_t>(width);
-}
-
 // acc += weight[u] * x[source[u], column : column + VEC] for the step's
 // kEdgeUnroll edges. All loads are issued before any is used, so their
-// latencies overlap.
+// latencies overlap. Source: int64 ids, or 32-bit ones (common.cuh) in the
+// subwarp kernel's light rows, where they keep the bf16 instantiation within
+// 64 registers, no spill.
 template <typename scalar_t, int VEC, typename Source>
 __device__ __forceinline__ void gather_step(const Source (&source)[kEdgeUnroll], const float (&weight)[kEdgeUnroll],
                                             bool active, const scalar_t* __restrict__ x, int64_t width,
@@ -69,8 +59,45 @@ __device__ __forceinline__ void gather_step(const Source (&source)[kEdgeUnroll],
 // Sum of values[k] * x[indices[k]] over the item's slots, written as one output
 // row (scalar_t) or one fp32 partial row. VEC is the vector width of this call
 // (1 on the scalar path, used when rows are not 16-byte aligned).
+// One lane's slot of a 32-slot batch: its source id and weight (1 without
+// values; 0 past the item's end).
+struct SlotRead {
+  int64_t source;
+  float weight;
+};
+
+__device__ __forceinline__ SlotRead read_slot(IndexView indices, const float* __restrict__ values, int64_t base,
+                                              int64_t end) {
+  const int lane = threadIdx.x % kWarp;
+  if (lane >= end - base) return SlotRead{0, 0.f};
+  return SlotRead{indices[base + lane], values != nullptr ? values[base + lane] : 1.f};
+}
+
+// The sum's start: 0, or diagonal[row] * x[row, column : column + VEC] when
+// the operator has a diagonal (GCN's self-loops) and this lane starts the
+// row (the row's first item, first lane group). x[row] is read in row order,
+// not gathered, and its load needs no source id, so it overlaps the row's
+// gathers.
 template <typename scalar_t, int VEC>
-__device__ __forceinline__ void sum_slots(const WorkItem& item, IndexView indices, const float* __restrict__ values,
+__device__ __forceinline__ void start_sum(const float* __restrict__ diagonal, bool starts_row, int64_t row,
+                                          const scalar_t* __restrict__ x, int64_t width, int64_t column,
+                                          float (&acc)[VEC]) {
+  if (diagonal != nullptr && starts_row) {
+    const float scale = diagonal[row];
+    const Vec<scalar_t, VEC> own = load_vec<scalar_t, VEC>(x + row * width + column);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[v] = scale * static_cast<float>(own.v[v]);
+  } else {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
+  }
+}
+
+// `first` is the lane's slot of the item's first batch, read ahead (see
+// for_each_batched_work_item).
+template <typename scalar_t, int VEC>
+__device__ __forceinline__ void sum_slots(const WorkItem& item, const SlotRead& first, IndexView indices,
+                                          const float* __restrict__ values, const float* __restrict__ diagonal,
                                           const scalar_t* __restrict__ x, int64_t width, scalar_t* __restrict__ out,
                                           float* __restrict__ partials) {
   const int lane = threadIdx.x % kWarp;
@@ -85,14 +112,15 @@ __device__ __forceinline__ void sum_slots(const WorkItem& item, IndexView indice
     const bool active = chunk < chunks;
     const int64_t column = chunk * VEC;
     float acc[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
+    start_sum<scalar_t, VEC>(diagonal, active && group == 0 && item.begin == item.row_begin, item.row, x, width,
+                             column, acc);
 
     for (int64_t base = item.begin; base < item.end; base += kWarp) {
       // The warp reads 32 slots' indices and weights at once, then shares them.
       const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), item.end - base));
-      const int64_t my_source = lane < count ? indices[base + lane] : 0;
-      const float my_weight = lane < count ? (values != nullptr ? values[base + lane] : 1.f) : 0.f;
+      const SlotRead mine = base == item.begin ? first : read_slot(indices, values, base, item.end);
+      const int64_t my_source = mine.source;
+      const float my_weight = mine.weight;
       for (int step = 0; step < count; step += groups * kEdgeUnroll) {
         int64_t source[kEdgeUnroll];
         float weight[kEdgeUnroll];
@@ -125,16 +153,20 @@ __device__ __forceinline__ void sum_slots(const WorkItem& item, IndexView indice
   }
 }
 
-template <typename scalar_t>
+// kDiagonal: whether the operator has a diagonal (an instantiation of its own,
+// so the kernels without one keep their registers).
+template <typename scalar_t, bool kDiagonal>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     segment_sum_kernel(RowSchedule schedule, IndexView indices, const float* __restrict__ values,
-                       const scalar_t* __restrict__ x, int64_t width, bool vectorised, scalar_t* __restrict__ out,
-                       float* __restrict__ partials) {
-  for_each_work_item(schedule, [&](const WorkItem& item) {
+                       const float* __restrict__ diagonal_or_null, const scalar_t* __restrict__ x, int64_t width,
+                       bool vectorised, scalar_t* __restrict__ out, float* __restrict__ partials) {
+  const float* diagonal = kDiagonal ? diagonal_or_null : nullptr;
+  const auto slots = [&](int64_t begin, int64_t end) { return read_slot(indices, values, begin, end); };
+  for_each_batched_work_item(schedule, slots, [&](const WorkItem& item, const SlotRead& first) {
     if (vectorised) {
-      sum_slots<scalar_t, vec_width<scalar_t>()>(item, indices, values, x, width, out, partials);
+      sum_slots<scalar_t, vec_width<scalar_t>()>(item, first, indices, values, diagonal, x, width, out, partials);
     } else {
-      sum_slots<scalar_t, 1>(item, indices, values, x, width, out, partials);
+      sum_slots<scalar_t, 1>(item, first, indices, values, diagonal, x, width, out, partials);
     }
   });
 }
@@ -154,16 +186,16 @@ constexpr int kSubwarpMinBlocksPerSm = 4;
 // once. No lane leaves early: the group shuffles.
 template <typename scalar_t>
 __device__ __forceinline__ void sum_row_in_group(const WorkItem& item, const LaneGroups& groups, IndexView indices,
-                                                 const float* __restrict__ values, const scalar_t* __restrict__ x,
-                                                 int64_t width, float scale, scalar_t* __restrict__ out) {
+                                                 const float* __restrict__ values, const float* __restrict__ diagonal,
+                                                 const scalar_t* __restrict__ x, int64_t width, float scale,
+                                                 scalar_t* __restrict__ out) {
   constexpr int VEC = kSubwarpVec;
   const int lanes = groups.lanes;
   const int group_lane = groups.group_lane;
   const int64_t column = static_cast<int64_t>(group_lane) * VEC;
   const bool active = column < width;
   float acc[VEC];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
+  start_sum<scalar_t, VEC>(diagonal, active, item.row, x, width, column, acc);
   // A group at least as wide as the unroll reads a batch of `lanes` indices
   // and weights at once (one latency) and shares them by shuffles; a narrower
   // one (8 or 16 features) reads each step's few slots directly, every lane
@@ -211,12 +243,13 @@ __device__ __forceinline__ void sum_row_in_group(const WorkItem& item, const Lan
 // At most 64 registers (4 blocks of 8 warps per SM, csr-vec's occupancy):
 // left alone, the fp16 instantiation took 70, one block less, and this
 // kernel exists to keep more rows in flight.
-template <typename scalar_t>
+template <typename scalar_t, bool kDiagonal>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kSubwarpMinBlocksPerSm)
     segment_sum_subwarp_kernel(RowSchedule schedule, LightRows light, IndexView indices,
                                const float* __restrict__ values, const float* __restrict__ row_scale,
-                               const scalar_t* __restrict__ x, int64_t width, scalar_t* __restrict__ out,
-                               float* __restrict__ partials) {
+                               const float* __restrict__ diagonal_or_null, const scalar_t* __restrict__ x,
+                               int64_t width, scalar_t* __restrict__ out, float* __restrict__ partials) {
+  const float* diagonal = kDiagonal ? diagonal_or_null : nullptr;
   const LaneGroups groups(width);
   const int64_t items = subwarp_items(schedule, light, groups);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -224,15 +257,16 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kSubwarpMinBlocksPerSm)
     WorkItem item;
     if (warp < schedule.num_tiles) {
       tile_item(schedule, warp, item);
-      sum_slots<scalar_t, kSubwarpVec>(item, indices, values, x, width, out, partials);
+      sum_slots<scalar_t, kSubwarpVec>(item, read_slot(indices, values, item.begin, item.end), indices, values,
+                                       diagonal, x, width, out, partials);
       continue;
     }
     if (subwarp_row(schedule, light, groups, warp, item)) {
       // row_scale: every slot of the row has the same value, applied once to the plain sum
       if (row_scale != nullptr) {
-        sum_row_in_group<scalar_t>(item, groups, indices, nullptr, x, width, row_scale[item.row], out);
+        sum_row_in_group<scalar_t>(item, groups, indices, nullptr, diagonal, x, width, row_scale[item.row], out);
       } else {
-        sum_row_in_group<scalar_t>(item, groups, indices, values, x, width, 1.f, out);
+        sum_row_in_group<scalar_t>(item, groups, indices, values, diagonal, x, width, 1.f, out);
       }
     }
     // Groups finish their rows at different times; meet before the next item.
@@ -279,7 +313,8 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
                        const std::optional<at::Tensor>& values, const at::Tensor& x, int64_t num_rows,
                        const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
                        const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
-                       const std::optional<at::Tensor>& row_order, const std::optional<at::Tensor>& row_scale) {
+                       const std::optional<at::Tensor>& row_order, const std::optional<at::Tensor>& row_scale,
+                       const std::optional<at::Tensor>& diagonal) {
   check_features(op, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const RowSchedule schedule =
@@ -291,6 +326,13 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
     GNNIO_CHECK(values->scalar_type() == at::kFloat, op, "values must be float32, got ", values->scalar_type());
     check_array(op, "values", *values, x, indices.numel());
   }
+  if (diagonal.has_value()) {
+    GNNIO_CHECK(diagonal->scalar_type() == at::kFloat, op, "diagonal must be float32, got ", diagonal->scalar_type());
+    check_array(op, "diagonal", *diagonal, x, num_rows);
+    GNNIO_CHECK(x.size(0) == num_rows, op, "a diagonal needs a square operator: x must have num_rows = ", num_rows,
+                " rows, got ", x.size(0));
+    GNNIO_CHECK(!row_scale.has_value(), op, "row_scale and diagonal cannot be combined");
+  }
   const int64_t width = x.size(1);
   if (subwarp) {
     GNNIO_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, op,
@@ -298,8 +340,7 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
     GNNIO_CHECK(width > 0 && width <= kSubwarpMaxWidth && rows_vectorisable(x, width, kSubwarpVec), op,
                 "x must have a multiple of ", kSubwarpVec, " features, at most ", kSubwarpMaxWidth,
                 ", starting 16-byte aligned (others take segment_sum), got width ", width);
-    GNNIO_CHECK(x.size(0) < int64_t{kNoSource}, op, "source ids are 32-bit: x may have at most ",
-                int64_t{kNoSource} - 1, " rows (others take segment_sum), got ", x.size(0));
+    check_32bit_sources(op, x, " (others take segment_sum)");
     if (row_scale.has_value()) {
       GNNIO_CHECK(row_scale->scalar_type() == at::kFloat, op, "row_scale must be float32, got ",
                   row_scale->scalar_type());
@@ -311,16 +352,19 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
   if (num_rows == 0 || width == 0) return out;
   at::Tensor partials = at::empty({schedule.num_tiles, width}, x.options().dtype(at::kFloat));
   const float* value_data = values.has_value() ? values->data_ptr<float>() : nullptr;
+  const float* diagonal_data = diagonal.has_value() ? diagonal->data_ptr<float>() : nullptr;
   auto stream = at::cuda::getCurrentCUDAStream();
   if (subwarp) {
     // 16-bit only: two instantiations, not GNNIO_DISPATCH_FEATURES' three.
     const auto launch = [&](auto zero) {
       using scalar_t = decltype(zero);
-      const int64_t blocks = resident_first_pass_blocks(segment_sum_subwarp_kernel<scalar_t>, schedule);
-      segment_sum_subwarp_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
+      const auto kernel = diagonal_data != nullptr ? segment_sum_subwarp_kernel<scalar_t, true>
+                                                   : segment_sum_subwarp_kernel<scalar_t, false>;
+      const int64_t blocks = resident_first_pass_blocks(kernel, schedule);
+      kernel<<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
           schedule, light, index_view(indices), value_data,
-          row_scale.has_value() ? row_scale->data_ptr<float>() : nullptr, x.data_ptr<scalar_t>(), width,
-          out.data_ptr<scalar_t>(), partials.data_ptr<float>());
+          row_scale.has_value() ? row_scale->data_ptr<float>() : nullptr, diagonal_data, x.data_ptr<scalar_t>(),
+          width, out.data_ptr<scalar_t>(), partials.data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
     if (x.scalar_type() == at::kHalf) {
@@ -332,9 +376,11 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
     GNNIO_DISPATCH_FEATURES(x.scalar_type(), op, [&] {
       const bool vectorised = rows_vectorisable(x, width, vec_width<scalar_t>()) &&
                               rows_vectorisable(out, width, vec_width<scalar_t>());
-      const int64_t blocks = resident_first_pass_blocks(segment_sum_kernel<scalar_t>, schedule);
-      segment_sum_kernel<scalar_t><<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
-          schedule, index_view(indices), value_data, x.data_ptr<scalar_t>(), width, vectorised,
+      const auto kernel =
+          diagonal_data != nullptr ? segment_sum_kernel<scalar_t, true> : segment_sum_kernel<scalar_t, false>;
+      const int64_t blocks = resident_batched_pass_blocks(kernel, schedule);
+      kernel<<<blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
+          schedule, index_view(indices), value_data, diagonal_data, x.data_ptr<scalar_t>(), width, vectorised,
           out.data_ptr<scalar_t>(), partials.data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
@@ -348,9 +394,9 @@ at::Tensor sum_forward(const char* op, bool subwarp, const at::Tensor& indptr, c
 at::Tensor segment_sum(const at::Tensor& indptr, const at::Tensor& indices, const std::optional<at::Tensor>& values,
                        const at::Tensor& x, int64_t num_rows, const at::Tensor& tile_row,
                        const at::Tensor& tile_start, const at::Tensor& heavy_rows, const at::Tensor& heavy_tile_ptr,
-                       int64_t tile_edges) {
+                       int64_t tile_edges, const std::optional<at::Tensor>& diagonal) {
   return sum_forward("gnnio::segment_sum", false, indptr, indices, values, x, num_rows, tile_row, tile_start,
-                     heavy_rows, heavy_tile_ptr, tile_edges, std::nullopt, std::nullopt);
+                     heavy_rows, heavy_tile_ptr, tile_edges, std::nullopt, std::nullopt, diagonal);
 }
 
 at::Tensor segment_sum_subwarp(const at::Tensor& indptr, const at::Tensor& indices,
@@ -358,9 +404,10 @@ at::Tensor segment_sum_subwarp(const at::Tensor& indptr, const at::Tensor& indic
                                const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
                                const at::Tensor& heavy_tile_ptr, int64_t tile_edges,
                                const std::optional<at::Tensor>& row_order,
-                               const std::optional<at::Tensor>& row_scale) {
+                               const std::optional<at::Tensor>& row_scale,
+                               const std::optional<at::Tensor>& diagonal) {
   return sum_forward("gnnio::segment_sum_subwarp", true, indptr, indices, values, x, num_rows, tile_row, tile_start,
-                     heavy_rows, heavy_tile_ptr, tile_edges, row_order, row_scale);
+                     heavy_rows, heavy_tile_ptr, tile_edges, row_order, row_scale, diagonal);
 }
 
 // ------------------------------------------------------------------ cuSPARSE

@@ -171,9 +171,11 @@ def test_opcheck_extremum_ops():
     x = randn(graph.num_src_nodes, 16, device="cuda", generator=torch.Generator().manual_seed(28))
     rows = reduce_native.sorted_rows(graph)
     args = (graph.csr_indptr, rows.indices, x, graph.num_dst_nodes, False, *row_schedule(graph, "csr").args())
-    torch.library.opcheck(
-        torch.ops.gnnio.segment_extremum_masked.default, args, test_utils=("test_schema", "test_faketensor")
-    )
+    for with_masks in (True, False):
+        torch.library.opcheck(
+            torch.ops.gnnio.segment_extremum_masked.default, (*args, with_masks),
+            test_utils=("test_schema", "test_faketensor"),
+        )
     _, masks = torch.ops.gnnio.segment_extremum_masked(*args)
     grad_out = randn(graph.num_dst_nodes, 16, device="cuda", generator=torch.Generator().manual_seed(29))
     torch.library.opcheck(
@@ -264,17 +266,19 @@ def test_rows_of_infinities_pick_their_smallest_source(width, dtype, reduce):
 SUBWARP_KERNELS = ("subwarp", "subwarp-sorted")
 
 
-def extremum_ops(graph: Graph, x: torch.Tensor, is_min: bool, by_degree: bool):
-    """(out, masks) of the warp kernel and of the subwarp kernel (light rows in row order, or by descending
-    degree) on the same sorted rows and schedule."""
+def extremum_ops(graph: Graph, x: torch.Tensor, is_min: bool, by_degree: bool, with_masks: bool = True):
+    """(out, masks) of the warp kernel and, where x fits it, of the subwarp kernel (light rows in row order, or
+    by descending degree) on the same sorted rows and schedule."""
     from gnnio_cli.ops.attention_native import row_order, row_schedule
 
     schedule = row_schedule(graph, "csr")
     args = (graph.csr_indptr, reduce_native.sorted_rows(graph).indices, x, graph.num_dst_nodes, is_min,
             *schedule.args())
     rows = row_order(graph, "csr", schedule).rows if by_degree else None
-    return (torch.ops.gnnio.segment_extremum_masked(*args),
-            torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows))
+    results = [torch.ops.gnnio.segment_extremum_masked(*args, with_masks)]
+    if spmm_native.fits_subwarp(x):
+        results.append(torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows, with_masks))
+    return results
 
 
 def hard_16bit_values(graph: Graph, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -301,6 +305,32 @@ def test_subwarp_forward_equals_warp_forward_bit_for_bit(by_degree, graph_name, 
     assert torch.equal(torch.isnan(out), torch.isnan(sub_out))
     assert torch.equal(out.nan_to_num(0.0), sub_out.nan_to_num(0.0))
     assert torch.equal(masks, sub_masks), "the subwarp kernel must mark exactly the warp kernel's winners"
+
+
+@pytest.mark.parametrize("graph_name", ["ladder", "hub", "many-rows"])
+@pytest.mark.parametrize("width, dtype", [(3, torch.float32), (128, torch.float32), (256, torch.float32),
+                                          (33, torch.bfloat16), (128, torch.bfloat16), (64, torch.float16)])
+@pytest.mark.parametrize("is_min", [False, True])
+def test_inference_forward_writes_no_masks_and_the_same_output(graph_name, width, dtype, is_min):
+    """with_masks=False (no gradient to route): the same output bit for bit from every forward kernel, masks empty;
+    and aggregate under torch.no_grad takes that path and still matches the reference."""
+    graph = graph_named(graph_name)
+    x = hard_16bit_values(graph, width, dtype, seed=90 + width) if dtype != torch.float32 else randn(
+        graph.num_src_nodes, width, device="cuda", generator=torch.Generator().manual_seed(90 + width))
+    for by_degree in (False, True):
+        with_masks = extremum_ops(graph, x, is_min, by_degree)
+        without = extremum_ops(graph, x, is_min, by_degree, with_masks=False)
+        for (out, masks), (bare_out, bare_masks) in zip(with_masks, without):
+            assert bare_masks.shape == (0, masks.shape[1])
+            assert torch.equal(torch.isnan(out), torch.isnan(bare_out))
+            assert torch.equal(out.nan_to_num(0.0), bare_out.nan_to_num(0.0))
+    reduce = "min" if is_min else "max"
+    with dispatch.use_backend("native"), torch.no_grad():
+        out = aggregate(graph, x, reduce)
+    with dispatch.use_backend("reference"), torch.no_grad():
+        expected = aggregate(graph, x.double(), reduce)
+    assert torch.equal(torch.isnan(out), torch.isnan(expected))
+    assert torch.equal(out.double().nan_to_num(0.0), expected.nan_to_num(0.0))
 
 
 @pytest.mark.parametrize("kernel", SUBWARP_KERNELS)

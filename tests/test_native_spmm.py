@@ -211,6 +211,56 @@ def test_gcn_propagate_matches_reference(graph_name, width, dtype, weighted, imp
     check(grad, oracle_grad, torch_grad)
 
 
+# The self-loops as the operator's diagonal (x[i] read in row order, no slot): every kernel that takes it,
+# on rows of every small degree, rows on both sides of the tile cut and a hub whose first tile adds it.
+@pytest.mark.parametrize(
+    "kernel, dtype",
+    [("csr-vec", d) for d in DTYPES] + [(k, d) for k in SUBWARP_KERNELS for d in HALF_DTYPES] + [("cusparse", torch.float32)],
+)
+@pytest.mark.parametrize("graph_name", ["ladder", "hub", "many-rows"])
+@pytest.mark.parametrize("width", (8, 33, 128))
+@pytest.mark.parametrize("weighted", (False, True))
+def test_gcn_diagonal_matches_reference_in_every_kernel(monkeypatch, kernel, dtype, graph_name, width, weighted):
+    monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
+    graph = graph_named(graph_name)
+    gen = torch.Generator().manual_seed(70 + width)
+    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
+    weight = randn(graph.num_edges, device="cuda", generator=gen).abs() + 0.1 if weighted else None
+
+    def fn(features):
+        w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
+        return gcn_propagate(graph, features, w, improved=weighted)
+
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 5)
+    # cuSPARSE has no diagonal; a subwarp kernel that cannot take the width runs csr-vec
+    takes = kernel in SUBWARP_KERNELS and width % 8 == 0 and width <= 128
+    assert ran["gcn_propagate"] == (kernel if kernel == "csr-vec" or takes else "csr-vec")
+    check(out, oracle, torch_out)
+    check(grad, oracle_grad, torch_grad)
+
+
+def test_diagonal_checks_name_the_argument():
+    graph = graph_named("bipartite")
+    schedule = row_schedule(graph, "csr")
+    x = torch.ones(graph.num_src_nodes, 8, device="cuda")
+    rows = graph.num_dst_nodes
+    with pytest.raises(RuntimeError, match=rf"a diagonal needs a square operator: x must have num_rows = {rows} rows"):
+        torch.ops.gnnio.segment_sum(graph.csr_indptr, graph.csr_indices, None, x, rows, *schedule.args(),
+                                    torch.ones(rows, device="cuda"))
+    with pytest.raises(RuntimeError, match=r"diagonal must have \d+ entries"):
+        torch.ops.gnnio.segment_sum(graph.csr_indptr, graph.csr_indices, None, x, rows, *schedule.args(),
+                                    torch.ones(rows + 1, device="cuda"))
+    square = graph_named("small")
+    schedule = row_schedule(square, "csr")
+    ones = torch.ones(square.num_dst_nodes, device="cuda")
+    with pytest.raises(RuntimeError, match="row_scale and diagonal cannot be combined"):
+        torch.ops.gnnio.segment_sum_subwarp(
+            square.csr_indptr, square.csr_indices, None, torch.ones(square.num_src_nodes, 64, dtype=torch.bfloat16,
+                                                                     device="cuda"),
+            square.num_dst_nodes, *schedule.args(), None, ones, ones,
+        )
+
+
 def test_fp32_kernel_choice_is_recorded_and_kept():
     graph = graph_named("small")
     x = randn(graph.num_src_nodes, 64, device="cuda", generator=torch.Generator().manual_seed(5))
@@ -329,6 +379,18 @@ def test_opcheck_segment_sum_and_cusparse():
              *schedule.args(), rows, scale),
             test_utils=("test_schema", "test_faketensor"),
         )
+    diagonal = row_scale  # any fp32 [R] of the square graph
+    torch.library.opcheck(
+        torch.ops.gnnio.segment_sum.default,
+        (graph.csr_indptr, graph.csr_indices, values, x, graph.num_dst_nodes, *schedule.args(), diagonal),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    torch.library.opcheck(
+        torch.ops.gnnio.segment_sum_subwarp.default,
+        (graph.csr_indptr, graph.csr_indices, values, x.to(torch.bfloat16), graph.num_dst_nodes, *schedule.args(),
+         None, None, diagonal),
+        test_utils=("test_schema", "test_faketensor"),
+    )
     indptr = graph.csr_indptr.to(torch.int32)
     size = torch.ops.gnnio.cusparse_spmm_buffer_size(indptr, graph.csr_indices, values, x, graph.num_dst_nodes)
     workspace = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")

@@ -91,13 +91,16 @@ def extremum_candidates(graph: Graph, x: torch.Tensor) -> tuple[str, ...]:
     return ("warp",)
 
 
-def _run_forward(kernel: str, graph: Graph, x: torch.Tensor, is_min: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_forward(
+    kernel: str, graph: Graph, x: torch.Tensor, is_min: bool, with_masks: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, masks); without `with_masks` (no gradient to route) the kernels skip the masks: [0, ceil(F / 32)]."""
     schedule = row_schedule(graph, "csr")
     args = (graph.csr_indptr, sorted_rows(graph).indices, x, graph.num_dst_nodes, is_min, *schedule.args())
     if kernel == "warp":
-        return torch.ops.gnnio.segment_extremum_masked(*args)
+        return torch.ops.gnnio.segment_extremum_masked(*args, with_masks)
     rows = row_order(graph, "csr", schedule).rows if kernel == "subwarp-sorted" else None
-    return torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows)
+    return torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows, with_masks)
 
 
 def extremum_kernel(graph: Graph, x: torch.Tensor, is_min: bool) -> str:
@@ -116,7 +119,8 @@ class _Extremum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, graph: Graph, is_min: bool, kernel: str) -> torch.Tensor:
-        out, masks = _run_forward(kernel, graph, x, is_min)
+        # Inference (x needs no gradient, e.g. under torch.no_grad) writes no masks.
+        out, masks = _run_forward(kernel, graph, x, is_min, with_masks=ctx.needs_input_grad[0])
         ctx.save_for_backward(masks)
         ctx.graph = graph
         return out

@@ -216,3 +216,22 @@ def _remaining_self_loops(graph: Graph) -> _SelfLooped:
         return _SelfLooped(looped, kept_eid, existing_loop_eid)
 
     return graph.cached("remaining_self_loops", build)
+
+
+def without_self_loops(graph: Graph) -> Graph:
+    """The graph's non-loop edges in their original order (the graph itself when it has none); cached.
+
+    Its eids follow :func:`gcn_norm`'s self-looped graph: that graph's first edges, then its loops.
+    """
+
+    def build() -> Optional[Graph]:
+        kept_eid = _remaining_self_loops(graph).kept_eid
+        if kept_eid.numel() == graph.num_edges:
+            return None  # no loops: the graph itself (not cached in itself)
+        source, target = graph.edge_index()
+        return Graph.from_arrays(
+            source[kept_eid].cpu().numpy(), target[kept_eid].cpu().numpy(), graph.num_nodes, graph.num_nodes
+        ).to(graph.device)
+
+    loop_free = graph.cached("without_self_loops", build)
+    return graph if loop_free is None else loop_free

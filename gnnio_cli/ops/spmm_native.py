@@ -26,9 +26,10 @@ asked for fp32 compute, was measured 0.1-0.46 off (relative) on a row of
 16-bit inputs that fit the subwarp kernels (all three), ``csr-vec`` alone
 otherwise. Where there
 are several, all are timed on the first call per (operator side, dtype, width)
-and the faster kept (on an H100, cuSPARSE won on rmat20, gnnio's kernel on
-uniform20; inside CUDA graph capture, where nothing can be timed,
-``csr-vec``). ``GNNIO_SPMM_KERNEL`` (any of the names above) forces the
+and the faster kept (on an H100 gnnio's kernel wins on rmat20, uniform20 and
+grid1024 since its light rows come in batches, see common.cuh; inside CUDA
+graph capture, where nothing can be timed, ``csr-vec``). An operator with a
+diagonal (GCN's self-loops) has no ``cusparse`` candidate. ``GNNIO_SPMM_KERNEL`` (any of the names above) forces the
 choice among an input's candidates; a forced kernel
 that cannot take the input gives ``csr-vec``. The choice is recorded with
 :func:`dispatch.record`, so ``gnnio run`` and ``compare`` show it.
@@ -150,6 +151,9 @@ class OperatorSide:
     # fp32 [num_rows] when every slot of row r holds values == row_scale[r] (mean's forward): the
     # subwarp kernels' light rows then sum plainly and scale once, with no per-slot value to read
     row_scale: Optional[torch.Tensor] = None
+    # fp32 [num_rows] of a square operator: row r also adds diagonal[r] * x[r], with no slot for it
+    # (GCN's self-loops, read in row order instead of gathered; gnnio's kernels only)
+    diagonal: Optional[torch.Tensor] = None
 
     def apply(self, x: torch.Tensor, op: str) -> torch.Tensor:
         """[num_cols, F] contiguous -> [num_rows, F]: the side's rows times x."""
@@ -165,11 +169,13 @@ class OperatorSide:
         args = (self.indptr, self.indices, self.values, x, self.num_rows, *self.schedule.args())
         if kernel in SUBWARP_KERNELS:
             rows = self.light_rows().rows if kernel == "csr-subwarp-sorted" else None
-            return torch.ops.gnnio.segment_sum_subwarp(*args, rows, self.row_scale)
-        return torch.ops.gnnio.segment_sum(*args)
+            return torch.ops.gnnio.segment_sum_subwarp(*args, rows, self.row_scale, self.diagonal)
+        return torch.ops.gnnio.segment_sum(*args, self.diagonal)
 
     def _kernel(self, x: torch.Tensor) -> str:
         candidates = kernel_candidates(x)
+        if self.diagonal is not None:
+            candidates = tuple(kernel for kernel in candidates if kernel != "cusparse")
         return choose_kernel(
             candidates, variable="GNNIO_SPMM_KERNEL", names=KERNELS, fallback="csr-vec", chosen=self.chosen,
             key=(x.dtype, x.shape[1], candidates), run=lambda kernel: self._run(kernel, x),
@@ -206,12 +212,19 @@ class SpmmOperator:
     backward: OperatorSide
 
 
-def build_operator(graph: Graph, edge_values: Optional[torch.Tensor], target_scale: Optional[torch.Tensor]) -> SpmmOperator:
-    """The operator whose slot value for edge e = (s, t) is edge_values[e] * target_scale[t].
+def build_operator(
+    graph: Graph,
+    edge_values: Optional[torch.Tensor],
+    target_scale: Optional[torch.Tensor],
+    diagonal: Optional[torch.Tensor] = None,
+) -> SpmmOperator:
+    """The operator whose slot value for edge e = (s, t) is edge_values[e] * target_scale[t], plus `diagonal`.
 
     edge_values:  fp32 [E] in the graph's eid order, or None for ones.
     target_scale: fp32 [num_dst], or None for ones.
-    Both None gives value-free kernels (a plain sum reads no values).
+    diagonal:     fp32 [N] for a graph with as many sources as targets, or None: entry (i, i) of the
+                  operator adds diagonal[i] (both directions; the graph itself holds no slot for it).
+    edge_values and target_scale both None gives value-free kernels (a plain sum reads no values).
     """
     csr_values = csc_values = None
     if edge_values is not None or target_scale is not None:
@@ -228,11 +241,17 @@ def build_operator(graph: Graph, edge_values: Optional[torch.Tensor], target_sca
     forward = OperatorSide(
         graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, csr,
         lambda: row_order(graph, "csr", csr), chosen=graph.cached(("spmm_kernel_choice", "csr"), dict),
-        row_scale=target_scale.to(torch.float32) if edge_values is None and target_scale is not None else None,
+        row_scale=(
+            target_scale.to(torch.float32)
+            if edge_values is None and target_scale is not None and diagonal is None
+            else None
+        ),
+        diagonal=diagonal,
     )
     backward = OperatorSide(
         graph.csc_indptr, graph.csc_indices, csc_values, graph.num_src_nodes, csc,
         lambda: row_order(graph, "csc", csc), chosen=graph.cached(("spmm_kernel_choice", "csc"), dict),
+        diagonal=diagonal,
     )
     return SpmmOperator(forward, backward)
 
@@ -287,18 +306,28 @@ def gcn_propagate(
     normalize: bool,
 ) -> torch.Tensor:
     """Native :func:`gnnio_cli.ops.spmm.gcn_propagate`: the reference gcn_norm values (computed once
-    in fp32 and cached when there are no edge weights), then one SpMM."""
-    from gnnio_cli.ops.spmm import gcn_norm
+    in fp32 and cached when there are no edge weights), then one SpMM.
+
+    With self-loops the operator is the graph's non-loop edges plus a diagonal (one loop per node, as
+    gcn_norm adds them): gnnio's kernels read x[i] for node i's loop in row order, where a loop slot
+    would gather it (on rmat20 the loops, 6% more slots, cost cuSPARSE 20% more time)."""
+    from gnnio_cli.ops.spmm import gcn_norm, without_self_loops
 
     op = "gcn_propagate"
     if not normalize:
         return spmm(graph, x, edge_weight, "sum", op)
-    looped, values = gcn_norm(
-        graph, edge_weight, improved=improved, add_self_loops=add_self_loops, dtype=torch.float32
-    )
+
+    def build() -> SpmmOperator:
+        looped, values = gcn_norm(
+            graph, edge_weight, improved=improved, add_self_loops=add_self_loops, dtype=torch.float32
+        )
+        values = values.detach()
+        if not add_self_loops:
+            return build_operator(looped, values, None)
+        loop_free = without_self_loops(graph)
+        kept = loop_free.num_edges  # the looped graph's edges: these first, then (i, i) for every node i
+        return build_operator(loop_free, values[:kept], None, diagonal=values[kept:])
+
     if edge_weight is not None:
-        return apply_operator(build_operator(looped, values.detach(), None), x, op)
-    operator = looped.cached(
-        ("gcn_operator", improved, add_self_loops), lambda: build_operator(looped, values, None)
-    )
-    return apply_operator(operator, x, op)
+        return apply_operator(build(), x, op)
+    return apply_operator(graph.cached(("gcn_operator", improved, add_self_loops), build), x, op)
