@@ -32,7 +32,8 @@ TORCH_LIBRARY(gnnio, m) {
   // deterministic), with each light row given a group of F / 8 lanes, so one
   // warp sums several rows at once. row_order: int64 [L], every light row (at
   // most tile_edges slots) once, in the order the warps take them (e.g. by
-  // descending degree); None: row order. row_scale: optional fp32 [R] for
+  // descending degree), or [L, 3]: each with its indptr bounds (one load per
+  // row instead of two in turn); None: row order. row_scale: optional fp32 [R] for
   // operators whose slots of row r all hold values[k] == row_scale[r] (mean):
   // the light rows then sum plainly and scale once; tiles still read values.
   // diagonal: as segment_sum's (not combined with row_scale).

@@ -899,7 +899,8 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   // and masks, bit for bit, with each light row given a group of F / 8 lanes,
   // so one warp scans several rows at once. row_order: int64 [L], every
   // light row (at most tile_edges slots) once, in the order the warps take
-  // them (e.g. by descending degree); None: row order.
+  // them (e.g. by descending degree), or [L, 3] with each row's indptr
+  // bounds (as segment_sum_subwarp's); None: row order.
   m.def(
       "segment_extremum_masked_subwarp(Tensor indptr, Tensor indices, Tensor x, int num_rows, bool is_min, "
       "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "

@@ -268,16 +268,17 @@ SUBWARP_KERNELS = ("subwarp", "subwarp-sorted")
 
 def extremum_ops(graph: Graph, x: torch.Tensor, is_min: bool, by_degree: bool, with_masks: bool = True):
     """(out, masks) of the warp kernel and, where x fits it, of the subwarp kernel (light rows in row order, or
-    by descending degree) on the same sorted rows and schedule."""
+    by descending degree, given as ids and as ids with their bounds) on the same sorted rows and schedule."""
     from gnnio_cli.ops.attention_native import row_order, row_schedule
 
     schedule = row_schedule(graph, "csr")
     args = (graph.csr_indptr, reduce_native.sorted_rows(graph).indices, x, graph.num_dst_nodes, is_min,
             *schedule.args())
-    rows = row_order(graph, "csr", schedule).rows if by_degree else None
+    order = row_order(graph, "csr", schedule)
     results = [torch.ops.gnnio.segment_extremum_masked(*args, with_masks)]
     if spmm_native.fits_subwarp(x):
-        results.append(torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows, with_masks))
+        for rows in (order.rows, order.with_bounds) if by_degree else (None,):
+            results.append(torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows, with_masks))
     return results
 
 
@@ -301,10 +302,11 @@ def test_subwarp_forward_equals_warp_forward_bit_for_bit(by_degree, graph_name, 
     on rows of every small degree, both sides of the tile cut and a 100k hub."""
     graph = graph_named(graph_name)
     x = hard_16bit_values(graph, width, dtype, seed=50 + width)
-    (out, masks), (sub_out, sub_masks) = extremum_ops(graph, x, is_min, by_degree)
-    assert torch.equal(torch.isnan(out), torch.isnan(sub_out))
-    assert torch.equal(out.nan_to_num(0.0), sub_out.nan_to_num(0.0))
-    assert torch.equal(masks, sub_masks), "the subwarp kernel must mark exactly the warp kernel's winners"
+    (out, masks), *subwarp = extremum_ops(graph, x, is_min, by_degree)
+    for sub_out, sub_masks in subwarp:
+        assert torch.equal(torch.isnan(out), torch.isnan(sub_out))
+        assert torch.equal(out.nan_to_num(0.0), sub_out.nan_to_num(0.0))
+        assert torch.equal(masks, sub_masks), "the subwarp kernel must mark exactly the warp kernel's winners"
 
 
 @pytest.mark.parametrize("graph_name", ["ladder", "hub", "many-rows"])
@@ -412,7 +414,8 @@ def test_opcheck_subwarp_extremum():
     schedule = row_schedule(graph, "csr")
     x = randn(graph.num_src_nodes, 64, dtype=torch.bfloat16, device="cuda", generator=torch.Generator().manual_seed(55))
     args = (graph.csr_indptr, reduce_native.sorted_rows(graph).indices, x, graph.num_dst_nodes, True, *schedule.args())
-    for rows in (None, row_order(graph, "csr", schedule).rows):
+    order = row_order(graph, "csr", schedule)
+    for rows in (None, order.rows, order.with_bounds):
         torch.library.opcheck(
             torch.ops.gnnio.segment_extremum_masked_subwarp.default, (*args, rows),
             test_utils=("test_schema", "test_faketensor"),

@@ -372,7 +372,8 @@ def test_opcheck_segment_sum_and_cusparse():
         test_utils=("test_schema", "test_faketensor"),
     )
     row_scale = torch.rand(graph.num_dst_nodes, device="cuda", generator=torch.Generator("cuda").manual_seed(13))
-    for rows, scale in ((None, None), (row_order(graph, "csr", schedule).rows, None), (None, row_scale)):
+    order = row_order(graph, "csr", schedule)
+    for rows, scale in ((None, None), (order.rows, None), (order.with_bounds, None), (None, row_scale)):
         torch.library.opcheck(
             torch.ops.gnnio.segment_sum_subwarp.default,
             (graph.csr_indptr, graph.csr_indices, values, x.to(torch.bfloat16), graph.num_dst_nodes,

@@ -139,12 +139,15 @@ def build_row_schedule(indptr: torch.Tensor, tile_edges: int) -> RowSchedule:
 class RowOrder:
     """The light rows of one side (at most tile_edges slots) in the order the kernels take them.
 
-    rows     int64 [L]  the non-empty light rows by descending degree (ties by row), then the empty rows
-    num_busy int        how many of `rows` are non-empty
+    rows        int64 [L]     the non-empty light rows by descending degree (ties by row), then the empty rows
+    num_busy    int           how many of `rows` are non-empty
+    with_bounds int64 [L, 3]  each row of `rows` with its first and end slot (the SpMM and max/min subwarp
+                              kernels' form: a row's bounds come in one load, not after its id)
     """
 
     rows: torch.Tensor
     num_busy: int
+    with_bounds: torch.Tensor
 
     def args(self) -> tuple:
         return self.rows, self.num_busy
@@ -156,7 +159,9 @@ def build_row_order(indptr: torch.Tensor, tile_edges: int) -> RowOrder:
     light = torch.nonzero(degree <= tile_edges).flatten()
     light_degree = degree[light]
     order = torch.sort(light_degree, descending=True, stable=True).indices
-    return RowOrder(light[order], int((light_degree > 0).sum()))
+    rows = light[order]
+    with_bounds = torch.stack([rows, indptr[rows], indptr[rows + 1]], dim=1).contiguous()
+    return RowOrder(rows, int((light_degree > 0).sum()), with_bounds)
 
 
 _forced = threading.local()

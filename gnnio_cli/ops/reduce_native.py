@@ -99,7 +99,7 @@ def _run_forward(
     args = (graph.csr_indptr, sorted_rows(graph).indices, x, graph.num_dst_nodes, is_min, *schedule.args())
     if kernel == "warp":
         return torch.ops.gnnio.segment_extremum_masked(*args, with_masks)
-    rows = row_order(graph, "csr", schedule).rows if kernel == "subwarp-sorted" else None
+    rows = row_order(graph, "csr", schedule).with_bounds if kernel == "subwarp-sorted" else None
     return torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows, with_masks)
 
 

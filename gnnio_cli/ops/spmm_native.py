@@ -168,7 +168,7 @@ class OperatorSide:
             return torch.ops.gnnio.cusparse_spmm(form.indptr, form.indices, form.values, x, self.num_rows, workspace)
         args = (self.indptr, self.indices, self.values, x, self.num_rows, *self.schedule.args())
         if kernel in SUBWARP_KERNELS:
-            rows = self.light_rows().rows if kernel == "csr-subwarp-sorted" else None
+            rows = self.light_rows().with_bounds if kernel == "csr-subwarp-sorted" else None
             return torch.ops.gnnio.segment_sum_subwarp(*args, rows, self.row_scale, self.diagonal)
         return torch.ops.gnnio.segment_sum(*args, self.diagonal)
 
