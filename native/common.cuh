@@ -242,8 +242,8 @@ struct WorkItem {
   int64_t partial;
 };
 
-// Warps [0, T) take the tiles (long, so they start first), warps [T, T + N)
-// the rows; a heavy row's own warp returns false at once.
+// Work item `tile` (< T) of a first pass: the tiles come first (long, so
+// they start first), the light rows after them.
 __device__ __forceinline__ void tile_item(const RowSchedule& s, int64_t tile, WorkItem& item) {
   item.row = s.tile_row[tile];
   item.row_begin = s.indptr[item.row];
@@ -252,43 +252,16 @@ __device__ __forceinline__ void tile_item(const RowSchedule& s, int64_t tile, Wo
   item.partial = tile;
 }
 
-__device__ __forceinline__ bool work_item(const RowSchedule& s, int64_t warp, WorkItem& item) {
-  if (warp < s.num_tiles) {
-    tile_item(s, warp, item);
-    return true;
-  }
-  item.row = warp - s.num_tiles;
-  if (item.row >= s.num_rows) return false;
-  item.row_begin = item.begin = s.indptr[item.row];
-  item.end = s.indptr[item.row + 1];
-  item.partial = -1;
-  return item.end - item.begin <= s.tile_edges;
-}
-
 constexpr int kWarpsPerBlock = 8;
 
+// Blocks for one warp per tile and per row: an upper bound for any first pass.
 inline int64_t first_pass_blocks(const RowSchedule& s) {
   return (s.num_tiles + s.num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
 }
 
-// Work items of a first pass: the tiles, then the rows.
-__host__ __device__ __forceinline__ int64_t first_pass_items(const RowSchedule& s) { return s.num_tiles + s.num_rows; }
-
 // This warp's index in the grid.
 __device__ __forceinline__ int64_t warp_index() {
   return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-}
-
-// A first pass's loop: each warp calls body(item) for its work items, taken
-// with a grid stride (see resident_first_pass_blocks), skipping heavy rows.
-template <typename Body>
-__device__ __forceinline__ void for_each_work_item(const RowSchedule& s, Body&& body) {
-  const int64_t items = first_pass_items(s);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t warp = warp_index(); warp < items; warp += warps) {
-    WorkItem item;
-    if (work_item(s, warp, item)) body(item);
-  }
 }
 
 // ------------------------------------------------------ row batches

@@ -119,7 +119,6 @@ __device__ __forceinline__ void scan_slots(const WorkItem& item, IndexView indic
                                            const scalar_t* __restrict__ x, int64_t width, int64_t column, bool active,
                                            float sign, int group, int groups, float (&best)[VEC],
                                            int32_t (&best_position)[VEC]) {
-  const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
     best[v] = -INFINITY;
@@ -283,7 +282,6 @@ __device__ __forceinline__ void scan_slots_packed(const WorkItem& item, IndexVie
                                                   const scalar_t* __restrict__ x, int64_t width, int64_t column,
                                                   bool active, float sign, int group, int groups, float (&best)[8],
                                                   int32_t (&best_position)[8]) {
-  const int lane = threadIdx.x % kWarp;
   uint32_t best_pair[4];
   uint32_t position_pair[4];
   const uint32_t flip = start_packed_scan<scalar_t>(sign, best_pair, position_pair);
@@ -525,8 +523,9 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kMinBlocksPerSm)
     WorkItem item;
     if (warp < schedule.num_tiles) {
       tile_item(schedule, warp, item);
-      extremum_item<scalar_t, kSubwarpVec, false>(item, indices, lane_source(indices, item.begin, item.end), x, width, sign,
-                                           out, masks, mask_words, window, partial_values, partial_positions);
+      extremum_item<scalar_t, kSubwarpVec, false>(item, indices, lane_source(indices, item.begin, item.end), x,
+                                                  width, sign, out, masks, mask_words, window, partial_values,
+                                                  partial_positions);
       continue;
     }
     // A heavy row's tiles and merge pass write its output and masks.

@@ -56,9 +56,6 @@ __device__ __forceinline__ void gather_step(const Source (&source)[kEdgeUnroll],
   }
 }
 
-// Sum of values[k] * x[indices[k]] over the item's slots, written as one output
-// row (scalar_t) or one fp32 partial row. VEC is the vector width of this call
-// (1 on the scalar path, used when rows are not 16-byte aligned).
 // One lane's slot of a 32-slot batch: its source id and weight (1 without
 // values; 0 past the item's end).
 struct SlotRead {
@@ -93,7 +90,10 @@ __device__ __forceinline__ void start_sum(const float* __restrict__ diagonal, bo
   }
 }
 
-// `first` is the lane's slot of the item's first batch, read ahead (see
+// Sum of values[k] * x[indices[k]] over the item's slots, written as one output
+// row (scalar_t) or one fp32 partial row. VEC is the vector width of this call
+// (1 on the scalar path, used when rows are not 16-byte aligned). `first` is
+// the lane's slot of the item's first batch, read ahead (see
 // for_each_batched_work_item).
 template <typename scalar_t, int VEC>
 __device__ __forceinline__ void sum_slots(const WorkItem& item, const SlotRead& first, IndexView indices,

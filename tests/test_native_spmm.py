@@ -196,8 +196,14 @@ def test_16bit_kernel_choice_is_timed_recorded_and_kept():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("weighted, improved", [(False, False), (True, False), (True, True)])
 def test_gcn_propagate_matches_reference(graph_name, width, dtype, weighted, improved):
-    graph = graph_named(graph_name)
-    gen = torch.Generator().manual_seed(10 + width)
+    ran = check_gcn(graph_named(graph_name), width, dtype, weighted, improved, seed=10 + width, grad_out_seed=width)
+    assert ran["gcn_propagate"] in KERNELS
+
+
+def check_gcn(graph, width, dtype, weighted, improved, seed, grad_out_seed) -> dict:
+    """gcn_propagate on random features (and positive edge weights) against the fp64 oracle and torch; returns
+    the kernels that ran."""
+    gen = torch.Generator().manual_seed(seed)
     x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
     weight = randn(graph.num_edges, device="cuda", generator=gen).abs() + 0.1 if weighted else None
 
@@ -205,10 +211,10 @@ def test_gcn_propagate_matches_reference(graph_name, width, dtype, weighted, imp
         w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
         return gcn_propagate(graph, features, w, improved=improved)
 
-    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width)
-    assert ran["gcn_propagate"] in KERNELS
+    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=grad_out_seed)
     check(out, oracle, torch_out)
     check(grad, oracle_grad, torch_grad)
+    return ran
 
 
 # The self-loops as the operator's diagonal (x[i] read in row order, no slot): every kernel that takes it,
@@ -222,21 +228,11 @@ def test_gcn_propagate_matches_reference(graph_name, width, dtype, weighted, imp
 @pytest.mark.parametrize("weighted", (False, True))
 def test_gcn_diagonal_matches_reference_in_every_kernel(monkeypatch, kernel, dtype, graph_name, width, weighted):
     monkeypatch.setenv("GNNIO_SPMM_KERNEL", kernel)
-    graph = graph_named(graph_name)
-    gen = torch.Generator().manual_seed(70 + width)
-    x = randn(graph.num_src_nodes, width, dtype=dtype, device="cuda", generator=gen)
-    weight = randn(graph.num_edges, device="cuda", generator=gen).abs() + 0.1 if weighted else None
-
-    def fn(features):
-        w = None if weight is None else weight.to(torch.float64 if features.dtype == torch.float64 else torch.float32)
-        return gcn_propagate(graph, features, w, improved=weighted)
-
-    (out, grad), (oracle, oracle_grad), (torch_out, torch_grad), ran = run_both(fn, x, grad_out_seed=width + 5)
+    ran = check_gcn(graph_named(graph_name), width, dtype, weighted, improved=weighted, seed=70 + width,
+                    grad_out_seed=width + 5)
     # cuSPARSE has no diagonal; a subwarp kernel that cannot take the width runs csr-vec
     takes = kernel in SUBWARP_KERNELS and width % 8 == 0 and width <= 128
     assert ran["gcn_propagate"] == (kernel if kernel == "csr-vec" or takes else "csr-vec")
-    check(out, oracle, torch_out)
-    check(grad, oracle_grad, torch_grad)
 
 
 def test_diagonal_checks_name_the_argument():

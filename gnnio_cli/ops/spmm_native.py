@@ -29,9 +29,10 @@ are several, all are timed on the first call per (operator side, dtype, width)
 and the faster kept (on an H100 gnnio's kernel wins on rmat20, uniform20 and
 grid1024 since its light rows come in batches, see common.cuh; inside CUDA
 graph capture, where nothing can be timed, ``csr-vec``). An operator with a
-diagonal (GCN's self-loops) has no ``cusparse`` candidate. ``GNNIO_SPMM_KERNEL`` (any of the names above) forces the
-choice among an input's candidates; a forced kernel
-that cannot take the input gives ``csr-vec``. The choice is recorded with
+diagonal (GCN's self-loops) has no ``cusparse`` candidate.
+``GNNIO_SPMM_KERNEL`` (any of the names above) forces the choice among an
+input's candidates; a forced kernel that cannot take the input gives
+``csr-vec``. The choice is recorded with
 :func:`dispatch.record`, so ``gnnio run`` and ``compare`` show it.
 
 Operators without per-call edge weights are cached on the Graph; results are
