@@ -57,9 +57,10 @@ struct Params {
   IndexView indices;     // the neighbour of each slot
   const int64_t* eid;    // original edge id of each slot
   LaneGeometry geo;
-  // Light rows (at most tile_edges slots): the non-empty ones by descending
-  // length, then the empty ones. See for_each_item.
-  const int64_t* row_order;
+  // Light rows (at most tile_edges slots), [L, 3] (row, first slot, end
+  // slot): the non-empty ones by descending length, then the empty ones.
+  // See for_each_item.
+  const int64_t* row_bounds;
   int64_t num_busy_rows;
   int64_t num_empty_rows;
 
@@ -144,22 +145,36 @@ __device__ __forceinline__ T* row_start(T* base, int64_t index, const LaneGeomet
                               static_cast<uint64_t>(static_cast<uint32_t>(index)) * row_bytes);
 }
 
-// This lane's chunks of row `node` of a [rows, H, C] tensor, 0 on lanes past
-// the head's channels (they read the tensor's first element instead). Loads
-// need no branch, so the compiler can issue all of a step's loads back to
-// back. The padding slots of a step read a real row (for_each_step) whose
-// values the caller ignores.
+// This lane's chunks of row `node` of a [rows, H, C] tensor. Chunks past the
+// head's channels read the row's first elements instead: in the 8-chunk
+// layout they are set to 0; in the 4-wide layout (one chunk per lane) a lane
+// is inside its head or wholly outside it, and an outside lane keeps what it
+// read, since nothing of it reaches a result: head sums take only the lanes
+// inside (lane_sum) and stores skip the others. That saves a select per
+// gathered element. Loads need no branch, so the compiler can issue all of a
+// step's loads back to back. The padding slots of a step read a real row
+// (for_each_step) whose values the caller ignores.
 template <int VEC, typename T>
 __device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                          const Lane<VEC>& lane, float (&x)[Layout<VEC>::kChunks][VEC]) {
   const T* row = row_start(base, node, geo);
 #pragma unroll
   for (int k = 0; k < Layout<VEC>::kChunks; ++k) {
-    const bool use = lane.ok[k];
     load_f32<VEC>(row + lane.offset[k], x[k]);
+    if constexpr (Layout<VEC>::kChunks > 1) {
+      const bool use = lane.ok[k];
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) x[k][v] = use ? x[k][v] : 0.f;
+      for (int v = 0; v < VEC; ++v) x[k][v] = use ? x[k][v] : 0.f;
+    }
   }
+}
+
+// The sum of a head's shares over its lanes, counting only the lanes inside
+// the head's channels (an outside lane's share is whatever its rows held,
+// see load_row; selected away, so not even an inf or NaN of theirs leaks).
+template <int VEC>
+__device__ __forceinline__ float lane_sum(float share, const LaneGeometry& geo, const Lane<VEC>& lane) {
+  return head_sum(lane.ok[0] ? share : 0.f, geo.lanes_per_head);
 }
 
 template <int VEC, typename T>
@@ -366,15 +381,18 @@ __device__ __forceinline__ void for_each_item(const Params<scalar_t>& p, int lan
       tile_item(s, index, item);
       row(item);
     } else if (index < rows_end) {
-      item.row = p.row_order[index - s.num_tiles];
-      item.row_begin = item.begin = s.indptr[item.row];
-      item.end = s.indptr[item.row + 1];
+      // the row's id and bounds in one round of loads, not its id and then indptr
+      const int64_t* bounds = p.row_bounds + 3 * (index - s.num_tiles);
+      item.row = bounds[0];
+      item.row_begin = item.begin = bounds[1];
+      item.end = bounds[2];
       item.partial = -1;
       row(item);
     } else {
       const int64_t first = (index - rows_end) * kWarp;
       const int count = static_cast<int>(min(static_cast<int64_t>(kWarp), p.num_empty_rows - first));
-      const uint32_t mine = lane < count ? static_cast<uint32_t>(p.row_order[p.num_busy_rows + first + lane]) : 0;
+      const uint32_t mine =
+          lane < count ? static_cast<uint32_t>(p.row_bounds[3 * (p.num_busy_rows + first + lane)]) : 0;
       for (int j = 0; j < count; ++j) empty(static_cast<int64_t>(__shfl_sync(kFullMask, mine, j)));
     }
   }
@@ -445,16 +463,16 @@ __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const i
   }
 }
 
-template <int KIND>
+template <int KIND, int VEC>
 __device__ __forceinline__ float finish_score(float partial, float inverse_norm, float target_inverse_norm,
-                                              float factor, const LaneGeometry& geo) {
+                                              float factor, const LaneGeometry& geo, const Lane<VEC>& lane) {
   if constexpr (KIND == kGat) {
     return partial;
   } else if constexpr (KIND == kCosine) {
     // the same product as the backward passes', so they recompute the same score
-    return head_sum(partial, geo.lanes_per_head) * inverse_norm * target_inverse_norm * factor;
+    return lane_sum<VEC>(partial, geo, lane) * inverse_norm * target_inverse_norm * factor;
   } else {
-    return head_sum(partial, geo.lanes_per_head) * factor;
+    return lane_sum<VEC>(partial, geo, lane) * factor;
   }
 }
 
@@ -514,12 +532,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
         if constexpr (PRECOMPUTED) {
           score[u] = valid[u] && lane.head_ok ? p.scores_in[edge_id.slot(u) * geo.heads + lane.head] : 0.f;
         } else {
-          score[u] = finish_score<KIND>(partial[u], inverse_norm[u], target_inverse_norm, factor, geo);
+          score[u] = finish_score<KIND, VEC>(partial[u], inverse_norm[u], target_inverse_norm, factor, geo, lane);
         }
         drop[u] = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         if (valid[u]) new_max = fmaxf(new_max, score[u]);
       }
-      const float correction = __expf(run_max - new_max);
+      const float correction = softmax_exp(run_max - new_max);
       run_sum *= correction;
 #pragma unroll
       for (int k = 0; k < K; ++k)
@@ -528,7 +546,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (!valid[u]) continue;
-        const float weight = __expf(score[u] - new_max);
+        const float weight = softmax_exp(score[u] - new_max);
         run_sum += weight;
         add_scaled<VEC>(acc, weight * drop[u], message[u]);
         if (p.scores != nullptr) {
@@ -608,7 +626,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) edge_scores_kernel(cons
     Chunks<VEC> kept[1];  // the backward's; unused here
     step_partials<KIND, VEC, 1>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
                                 inverse_norm, kept, z);
-    const float score = finish_score<KIND>(partial[0], inverse_norm[0], target_inverse_norm, factor, geo);
+    const float score = finish_score<KIND, VEC>(partial[0], inverse_norm[0], target_inverse_norm, factor, geo, lane);
     if (writer && valid[0]) scores_out[slot * geo.heads + lane.head] = score;
   });
 }
@@ -638,7 +656,7 @@ __global__ void merge_tiles_kernel(const RowSchedule s, int heads, int channels,
           return TileState{part_max[t * heads + head], part_sum[t * heads + head], part_acc[t * width + f]};
         },
         [&](const TileState& tile) {
-          const float factor = __expf(tile.max - row_max);
+          const float factor = softmax_exp(tile.max - row_max);
           sum += tile.sum * factor;
           acc += tile.acc * factor;
         });
@@ -706,15 +724,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           score = leaky_relu(z[u], p.slope);
         } else if constexpr (KIND == kCosine) {
           // the same product as forward's score, so prob is exp of the same number
-          const float unscaled = head_sum(partial[u], geo.lanes_per_head) * inverse_norm[u] * target_inverse_norm;
+          const float unscaled = lane_sum<VEC>(partial[u], geo, lane) * inverse_norm[u] * target_inverse_norm;
           score = unscaled * factor;
           cosine = unscaled * p.scale;
         } else {
-          score = head_sum(partial[u], geo.lanes_per_head) * factor;
+          score = lane_sum<VEC>(partial[u], geo, lane) * factor;
         }
-        const float dp = head_sum(message_dot[u], geo.lanes_per_head);
+        const float dp = lane_sum<VEC>(message_dot[u], geo, lane);
         if (!valid[u]) continue;
-        const float prob = __expf(score - row_lse);
+        const float prob = softmax_exp(score - row_lse);
         const float r = prob * (dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f) * dp;
         delta += r;
         if constexpr (KIND == kDot) {
@@ -895,7 +913,7 @@ __device__ __forceinline__ void cosine_source_row_grad(const Params<scalar_t>& p
   for (int k = 0; k < K; ++k)
 #pragma unroll
     for (int v = 0; v < VEC; ++v) radial += grad[k][v] * (x[k][v] / divisor);
-  radial = head_sum(radial, geo.lanes_per_head);
+  radial = lane_sum<VEC>(radial, geo, lane);
   // clamp_min passes the norm's gradient only where norm >= floor (a NaN norm gets none)
   const float kept = norm >= kNormFloor ? radial : 0.f;
 #pragma unroll
@@ -1003,13 +1021,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         if constexpr (KIND == kGat) {
           score = leaky_relu(z[u], p.slope);
         } else if constexpr (KIND == kCosine) {
-          score = head_sum(partial[u], geo.lanes_per_head) * inverse_norm * target_inverse_norm[u] * factor;  // as forward's
+          score = lane_sum<VEC>(partial[u], geo, lane) * inverse_norm * target_inverse_norm[u] * factor;  // as forward's
         } else {
-          score = head_sum(partial[u], geo.lanes_per_head) * factor;
+          score = lane_sum<VEC>(partial[u], geo, lane) * factor;
         }
-        const float dp = head_sum(message_dot[u], geo.lanes_per_head);
+        const float dp = lane_sum<VEC>(message_dot[u], geo, lane);
         if (!valid[u]) continue;
-        const float prob = __expf(score - row_lse[u]);
+        const float prob = softmax_exp(score - row_lse[u]);
         const float drop = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         const float score_grad = prob * (drop * dp - row_delta[u]);
         add_scaled<VEC>(source_grad, prob * drop, grad[u]);
@@ -1283,8 +1301,8 @@ const scalar_t* ptr_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<scalar_t>() : nullptr;
 }
 
-// The light rows of a pass in item order (for_each_item): the first
-// `busy` are the non-empty ones.
+// The light rows of a pass in item order (for_each_item), [L, 3] (row,
+// first slot, end slot): the first `busy` are the non-empty ones.
 struct RowOrder {
   const int64_t* rows;
   int64_t busy;
@@ -1293,16 +1311,16 @@ struct RowOrder {
 
 RowOrder row_order_view(const char* op, const RowSchedule& schedule, const at::Tensor& row_order,
                         int64_t num_busy_rows) {
-  GNNIO_ENSURE(row_order.is_cuda() && row_order.scalar_type() == at::kLong && row_order.dim() == 1 &&
-                  row_order.is_contiguous(),
-              op, ": row_order must be a contiguous 1-d int64 CUDA tensor, got ", row_order.scalar_type(), " of shape ",
-              row_order.sizes(), " on ", row_order.device());
-  GNNIO_ENSURE(row_order.numel() == schedule.num_rows - schedule.num_heavy, op,
-              ": row_order must list the ", schedule.num_rows - schedule.num_heavy, " light rows, got ",
-              row_order.numel());
-  GNNIO_ENSURE(num_busy_rows >= 0 && num_busy_rows <= row_order.numel(), op, ": num_busy_rows must be in 0..",
-              row_order.numel(), ", got ", num_busy_rows);
-  return RowOrder{row_order.data_ptr<int64_t>(), num_busy_rows, row_order.numel() - num_busy_rows};
+  GNNIO_ENSURE(row_order.is_cuda() && row_order.scalar_type() == at::kLong && row_order.dim() == 2 &&
+                  row_order.size(1) == 3 && row_order.is_contiguous(),
+              op, ": row_order must be a contiguous int64 CUDA tensor of shape [L, 3] (row, first slot, end slot), got ",
+              row_order.scalar_type(), " of shape ", row_order.sizes(), " on ", row_order.device());
+  const int64_t light = row_order.size(0);
+  GNNIO_ENSURE(light == schedule.num_rows - schedule.num_heavy, op, ": row_order must list the ",
+              schedule.num_rows - schedule.num_heavy, " light rows, got ", light);
+  GNNIO_ENSURE(num_busy_rows >= 0 && num_busy_rows <= light, op, ": num_busy_rows must be in 0..", light, ", got ",
+              num_busy_rows);
+  return RowOrder{row_order.data_ptr<int64_t>(), num_busy_rows, light - num_busy_rows};
 }
 
 template <typename scalar_t>
@@ -1314,7 +1332,7 @@ Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, con
   p.indices = index_view(indices);
   p.eid = eid.data_ptr<int64_t>();
   p.geo = lane_geometry(static_cast<int>(f.heads), static_cast<int>(f.channels), vec, vec == 4 ? 1 : 8);
-  p.row_order = order.rows;
+  p.row_bounds = order.rows;
   p.num_busy_rows = order.busy;
   p.num_empty_rows = order.empty;
   p.msg_src = f.msg_src.data_ptr<scalar_t>();
@@ -1729,10 +1747,10 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 // Schemas. kind: 0 GAT, 1 GATv2, 2 dot product (Transformer), 3 cosine (AGNN). The
 // graph arguments are (indptr, indices, eid) of the CSR for the forward and
 // target-side passes, of the CSC for the source-side pass, each with its row
-// schedule (common.cuh) and row_order: the light rows (at most tile_edges
-// slots), the num_busy_rows non-empty ones first by descending length, then
-// the empty ones (gnnio_cli/ops/attention_native.py builds it once per
-// graph). Per-edge tensors are in eid order.
+// schedule (common.cuh) and row_order: int64 [L, 3], the light rows (at
+// most tile_edges slots) each with its first and end slot, the
+// num_busy_rows non-empty ones first by descending length, then the empty
+// ones (gnnio_cli/ops/attention_native.py builds it once per graph). Per-edge tensors are in eid order.
 //   msg_src [Ns, H, C]: x_src (GAT, GATv2, cosine) or value (dot)
 //   key_src [Ns, H, C]: key (dot);  dst_vec [Nd, H, C]: x_dst (GATv2, cosine) or query (dot)
 //   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT);

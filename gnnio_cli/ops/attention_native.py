@@ -141,8 +141,8 @@ class RowOrder:
 
     rows        int64 [L]     the non-empty light rows by descending degree (ties by row), then the empty rows
     num_busy    int           how many of `rows` are non-empty
-    with_bounds int64 [L, 3]  each row of `rows` with its first and end slot (the SpMM and max/min subwarp
-                              kernels' form: a row's bounds come in one load, not after its id)
+    with_bounds int64 [L, 3]  each row of `rows` with its first and end slot (the form every kernel reads:
+                              a row's bounds come in one round of loads, not after its id)
     """
 
     rows: torch.Tensor
@@ -150,7 +150,7 @@ class RowOrder:
     with_bounds: torch.Tensor
 
     def args(self) -> tuple:
-        return self.rows, self.num_busy
+        return self.with_bounds, self.num_busy
 
 
 def build_row_order(indptr: torch.Tensor, tile_edges: int) -> RowOrder:
