@@ -108,11 +108,13 @@ struct Params {
   float* part_att2;
 };
 
-// Where this lane sits: its head and, per chunk k, its first channel.
+// Where this lane sits: its edge group (Layout), its head and, per chunk k,
+// its first channel.
 template <int VEC>
 struct Lane {
   static constexpr int K = Layout<VEC>::kChunks;
   int lane;
+  int group;    // which of the warp's edge groups (0 unless VEC == 8)
   int in_head;  // position among the head's lanes
   int head;
   bool head_ok;
@@ -121,9 +123,11 @@ struct Lane {
   bool ok[K];
 
   __device__ __forceinline__ explicit Lane(const LaneGeometry& geo) {
+    constexpr int kGroupLanes = Layout<VEC>::kGroupLanes;
     lane = threadIdx.x & (kWarp - 1);
+    group = lane / kGroupLanes;
     in_head = lane & (geo.lanes_per_head - 1);
-    head = blockIdx.y * geo.heads_per_warp + lane / geo.lanes_per_head;
+    head = blockIdx.y * geo.heads_per_warp + (lane & (kGroupLanes - 1)) / geo.lanes_per_head;
     head_ok = head < geo.heads;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -257,12 +261,14 @@ __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chu
 // keeps 8x the state per lane and stays uncapped.
 template <int VEC>
 constexpr int forward_blocks_per_sm() {
-  return VEC == 4 ? 3 : 1;
+  return VEC == 1 ? 1 : 3;
 }
 
-template <int VEC>
+// GAT's backward passes gather one row per edge and keep scalar scores: they
+// fit 64 registers, so 4 blocks per SM.
+template <int KIND, int VEC>
 constexpr int backward_blocks_per_sm() {
-  return VEC == 4 ? 3 : 1;
+  return VEC == 4 ? (KIND == kGat ? 4 : 3) : 1;
 }
 
 // Edges per step: all their loads are issued before any score is reduced.
@@ -277,7 +283,7 @@ constexpr int backward_blocks_per_sm() {
 // source pass gathers two rows (g_t, u_t) as Dot's does, so 2 as well.
 template <int KIND, int VEC>
 constexpr int forward_edges_per_step() {
-  return VEC != 4 ? 2 : KIND == kDot ? 3 : 4;
+  return VEC == 8 ? (KIND == kGat || KIND == kCosine ? 2 : 1) : VEC != 4 ? 2 : KIND == kDot ? 3 : 4;
 }
 
 template <int KIND, int VEC>
@@ -326,39 +332,45 @@ __device__ __forceinline__ float score_factor(const Params<scalar_t>& p, int hea
 // from warp-uniform code only: it is a full-warp shuffle.
 struct StepEdges {
   uint32_t mine;   // this lane's slot's edge id (0 when the kernel reads none)
-  int first;       // lane holding the step's first slot
+  int first;       // lane holding this lane's group's first slot of the step
+  int stride;      // edge groups of the warp: the group's u-th slot is first + u * stride
   int count;       // slots held by the lanes
   int64_t base;    // the slot the lanes' first one is
 
   __device__ __forceinline__ int64_t operator()(int u) const {
-    return static_cast<int64_t>(__shfl_sync(kFullMask, mine, first + u < count ? first + u : 0));
+    const int index = first + u * stride;
+    return static_cast<int64_t>(__shfl_sync(kFullMask, mine, index < count ? index : 0));
   }
-  // slot position (CSR order) of the step's u-th edge
-  __device__ __forceinline__ int64_t slot(int u) const { return base + first + u; }
+  // slot position (CSR order) of the group's u-th edge of the step
+  __device__ __forceinline__ int64_t slot(int u) const { return base + first + u * stride; }
 };
 
 // Calls step(neighbour, valid, edges) for the slots [begin, end) of a warp's
-// item in groups of U; neighbour ids and edge ids are read 32 at a time, one
-// per lane, and handed round by shuffles. A step's padding slots (valid
-// false) get lane 0's neighbour and edge id: real rows, so every load of the
-// step is unconditional.
-template <int U, typename Step>
+// item in steps of U edges per edge group (G groups: group g takes the
+// step's slots g, g + G, ...); neighbour ids and edge ids are read 32 at a
+// time, one per lane, and handed round by shuffles. A step's padding slots
+// (valid false) get lane 0's neighbour and edge id: real rows, so every load
+// of the step is unconditional.
+template <int U, int G = 1, typename Step>
 __device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const IndexView& indices,
                                               const int64_t* __restrict__ eid, bool need_eid, int lane, Step&& step) {
+  const int group = lane / (kWarp / G);
   for (int64_t base = begin; base < end; base += kWarp) {
     const int count = end - base < kWarp ? static_cast<int>(end - base) : kWarp;
     // ids below 2^32 (checked on the host): one 32-bit shuffle per slot
     const uint32_t my_neighbour = lane < count ? static_cast<uint32_t>(indices[base + lane]) : 0;
     const uint32_t my_eid = need_eid && lane < count ? static_cast<uint32_t>(eid[base + lane]) : 0;
-    for (int first = 0; first < count; first += U) {
+    for (int first = 0; first < count; first += U * G) {
+      const int group_first = first + group;
       int64_t neighbour[U];
       bool valid[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        valid[u] = first + u < count;
-        neighbour[u] = static_cast<int64_t>(__shfl_sync(kFullMask, my_neighbour, valid[u] ? first + u : 0));
+        const int index = group_first + u * G;
+        valid[u] = index < count;
+        neighbour[u] = static_cast<int64_t>(__shfl_sync(kFullMask, my_neighbour, valid[u] ? index : 0));
       }
-      step(neighbour, valid, StepEdges{my_eid, first, count, base});
+      step(neighbour, valid, StepEdges{my_eid, group_first, G, count, base});
     }
   }
 }
@@ -476,6 +488,25 @@ __device__ __forceinline__ float finish_score(float partial, float inverse_norm,
   }
 }
 
+// VEC 8: the softmax states (max, sum, accumulator) of the warp's two edge
+// groups merged, so both halves end with the row's. A group that saw no
+// edge (max -inf, sums 0) weighs 0.
+template <int VEC>
+__device__ __forceinline__ void merge_groups(float& run_max, float& run_sum, Chunks<VEC>& acc) {
+  constexpr int kHalf = kWarp / 2;
+  const float other_max = __shfl_xor_sync(kFullMask, run_max, kHalf);
+  const float other_sum = __shfl_xor_sync(kFullMask, run_sum, kHalf);
+  const float row_max = fmaxf(run_max, other_max);
+  const float mine = run_max == -INFINITY ? 0.f : softmax_exp(run_max - row_max);
+  const float theirs = other_max == -INFINITY ? 0.f : softmax_exp(other_max - row_max);
+  run_sum = run_sum * mine + other_sum * theirs;
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[k][v] = acc[k][v] * mine + __shfl_xor_sync(kFullMask, acc[k][v], kHalf) * theirs;
+  run_max = row_max;
+}
+
 // ------------------------------------------------------------------ forward
 // PRECOMPUTED: the scores come from p.scores_in (slot order, written by the
 // edge-balanced score phase) instead of from the source and target rows; the
@@ -484,11 +515,15 @@ template <int KIND, int VEC, typename scalar_t, bool PRECOMPUTED = false>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<VEC>()) forward_kernel(const Params<scalar_t> p) {
   constexpr int U = forward_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
+  constexpr int G = Layout<VEC>::kGroups;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr;
-  const bool writer = lane.head_ok && lane.in_head == 0;
+  // Per-edge outputs come from the edge's group; per-row ones from group 0 after the merge.
+  const bool edge_writer = lane.head_ok && lane.in_head == 0;
+  const bool row_lane = lane.group == 0;
+  const bool writer = edge_writer && row_lane;
   const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
 
   Chunks<VEC> att;  // GATv2's attention vector
@@ -507,8 +542,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
     set_zero<VEC>(acc);
     float run_max = -INFINITY, run_sum = 0.f;
 
-    for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
-                     [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
+    for_each_step<U, G>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
+                        [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       // All of the step's gathers first, with no branch between them, so
       // their latencies overlap; edge features (rare) come in a second round.
       Chunks<VEC> message[U];
@@ -537,7 +572,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
         drop[u] = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         if (valid[u]) new_max = fmaxf(new_max, score[u]);
       }
-      const float correction = softmax_exp(run_max - new_max);
+      // 1 where the maximum stays, which also covers a group that has seen
+      // no edge yet (both -inf; exp(-inf - -inf) would be NaN)
+      const float correction = new_max == run_max ? 1.f : softmax_exp(run_max - new_max);
       run_sum *= correction;
 #pragma unroll
       for (int k = 0; k < K; ++k)
@@ -545,18 +582,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
         for (int v = 0; v < VEC; ++v) acc[k][v] *= correction;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (!valid[u]) continue;
-        const float weight = softmax_exp(score[u] - new_max);
-        run_sum += weight;
-        add_scaled<VEC>(acc, weight * drop[u], message[u]);
+        if (valid[u]) {
+          const float weight = softmax_exp(score[u] - new_max);
+          run_sum += weight;
+          add_scaled<VEC>(acc, weight * drop[u], message[u]);
+        }
         if (p.scores != nullptr) {
-          const int64_t e = edge_id(u);
-          if (writer) p.scores[e * geo.heads + lane.head] = p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
+          const int64_t e = edge_id(u);  // a whole-warp shuffle: outside the branch on valid (groups differ)
+          if (edge_writer && valid[u])
+            p.scores[e * geo.heads + lane.head] = p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
         }
       }
       run_max = new_max;
     });
+    if constexpr (G == 2) merge_groups<VEC>(run_max, run_sum, acc);
 
+    if (!row_lane) return;
     if (item.partial < 0) {
       const float inverse = run_sum > 0.f ? 1.f / run_sum : 0.f;
 #pragma unroll
@@ -573,6 +614,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
       }
     }
   }, [&](int64_t row) {
+    if (!row_lane) return;
     Chunks<VEC> zero;
     set_zero<VEC>(zero);
     store_row<VEC>(p.out, row, geo, lane, zero);
@@ -674,7 +716,7 @@ __global__ void merge_tiles_kernel(const RowSchedule s, int heads, int channels,
 // row's end, or after its tiles for a heavy row). Per-edge gradients need
 // delta first, so the source-side pass writes them.
 template <int KIND, int VEC, typename scalar_t>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<VEC>()) backward_target_kernel(const Params<scalar_t> p) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<KIND, VEC>()) backward_target_kernel(const Params<scalar_t> p) {
   constexpr int U = target_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
@@ -924,7 +966,7 @@ __device__ __forceinline__ void cosine_source_row_grad(const Params<scalar_t>& p
 
 // ----------------------------------------------------- backward, source side
 template <int KIND, int VEC, typename scalar_t>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<VEC>()) backward_source_kernel(const Params<scalar_t> p) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<KIND, VEC>()) backward_source_kernel(const Params<scalar_t> p) {
   constexpr int U = source_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
@@ -969,21 +1011,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         if constexpr (KIND == kGat) z[u] = alpha_src + load_scalar(p.dst_scalar, neighbour[u], geo, lane.head, lane.head_ok);
       }
       if constexpr (KIND == kDot) {
-        Chunks<VEC> key_edge[U], message_edge[U];
+        if (p.edge) {  // warp-uniform; without edge features the row's own key and value serve every edge
+          Chunks<VEC> key_edge[U], message_edge[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+          for (int u = 0; u < U; ++u)
 #pragma unroll
-          for (int k = 0; k < K; ++k)
+            for (int k = 0; k < K; ++k)
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-              key_edge[u][k][v] = key[k][v];
-              message_edge[u][k][v] = message[k][v];
-            }
-        add_edge_features<VEC, U>(p, edge_id, geo, lane, key_edge, &message_edge);
+              for (int v = 0; v < VEC; ++v) {
+                key_edge[u][k][v] = key[k][v];
+                message_edge[u][k][v] = message[k][v];
+              }
+          add_edge_features<VEC, U>(p, edge_id, geo, lane, key_edge, &message_edge);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          partial[u] = dot<VEC>(target[u], key_edge[u]);
-          message_dot[u] = dot<VEC>(grad[u], message_edge[u]);
+          for (int u = 0; u < U; ++u) {
+            partial[u] = dot<VEC>(target[u], key_edge[u]);
+            message_dot[u] = dot<VEC>(grad[u], message_edge[u]);
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            partial[u] = dot<VEC>(target[u], key);
+            message_dot[u] = dot<VEC>(grad[u], message);
+          }
         }
       } else if constexpr (KIND == kCosine) {
         // the source row is the message; its dot with x_dst, over both norms, the cosine
@@ -1165,50 +1215,38 @@ constexpr const char* kBackwardTarget = "gnnio::attention_backward_target";
 constexpr const char* kBackwardSource = "gnnio::attention_backward_source";
 
 // Runtime (kind, vector width) become template parameters: 4 kinds x 2
-// widths x 3 dtypes = 24 instantiations per kernel.
-#define GNNIO_ATTENTION_SWITCH(kind, vec, ...)        \
-  [&] {                                               \
-    if (vec == 4) {                                   \
-      constexpr int VEC = 4;                          \
-      switch (kind) {                                 \
-        case kGat: {                                  \
-          constexpr int KIND = kGat;                  \
-          return __VA_ARGS__();                       \
-        }                                             \
-        case kGatV2: {                                \
-          constexpr int KIND = kGatV2;                \
-          return __VA_ARGS__();                       \
-        }                                             \
-        case kDot: {                                  \
-          constexpr int KIND = kDot;                  \
-          return __VA_ARGS__();                       \
-        }                                             \
-        default: {                                    \
-          constexpr int KIND = kCosine;               \
-          return __VA_ARGS__();                       \
-        }                                             \
-      }                                               \
-    } else {                                          \
-      constexpr int VEC = 1;                          \
-      switch (kind) {                                 \
-        case kGat: {                                  \
-          constexpr int KIND = kGat;                  \
-          return __VA_ARGS__();                       \
-        }                                             \
-        case kGatV2: {                                \
-          constexpr int KIND = kGatV2;                \
-          return __VA_ARGS__();                       \
-        }                                             \
-        case kDot: {                                  \
-          constexpr int KIND = kDot;                  \
-          return __VA_ARGS__();                       \
-        }                                             \
-        default: {                                    \
-          constexpr int KIND = kCosine;               \
-          return __VA_ARGS__();                       \
-        }                                             \
-      }                                               \
-    }                                                 \
+// widths x 3 dtypes = 24 instantiations per kernel (the forward also has
+// VEC 8 for the two 16-bit dtypes: launch_paired_forward).
+#define GNNIO_ATTENTION_KIND_SWITCH(kind, ...) \
+  [&] {                                        \
+    switch (kind) {                            \
+      case kGat: {                             \
+        constexpr int KIND = kGat;             \
+        return __VA_ARGS__();                  \
+      }                                        \
+      case kGatV2: {                           \
+        constexpr int KIND = kGatV2;           \
+        return __VA_ARGS__();                  \
+      }                                        \
+      case kDot: {                             \
+        constexpr int KIND = kDot;             \
+        return __VA_ARGS__();                  \
+      }                                        \
+      default: {                               \
+        constexpr int KIND = kCosine;          \
+        return __VA_ARGS__();                  \
+      }                                        \
+    }                                          \
+  }()
+
+#define GNNIO_ATTENTION_SWITCH(kind, vec, ...)                 \
+  [&] {                                                        \
+    if (vec == 4) {                                            \
+      constexpr int VEC = 4;                                   \
+      return GNNIO_ATTENTION_KIND_SWITCH(kind, __VA_ARGS__);   \
+    }                                                          \
+    constexpr int VEC = 1;                                     \
+    return GNNIO_ATTENTION_KIND_SWITCH(kind, __VA_ARGS__);     \
   }()
 
 // The widest head C that the two layouts hold: VEC 4 x 1 chunk x 32 lanes,
@@ -1283,17 +1321,31 @@ Features check_features(const char* op, int64_t kind, int64_t num_dst, int64_t n
   return Features{kind, h, c, ns, dtype, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge};
 }
 
-// 4-wide loads need C % 4 == 0 and every [.., H, C] tensor aligned to 4 elements.
-int vector_width(const Features& f, std::initializer_list<const at::Tensor*> more) {
-  if (f.channels % 4 != 0 || f.channels > kMaxVectorChannels) return 1;
-  const uintptr_t align = 4 * at::elementSize(f.dtype);
+// Whether every [.., H, C] tensor of the call (and `more`) starts on a
+// multiple of `elements` elements.
+bool all_aligned(const Features& f, std::initializer_list<const at::Tensor*> more, int elements) {
+  const uintptr_t align = elements * at::elementSize(f.dtype);
   auto aligned = [&](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0; };
   bool ok = aligned(f.msg_src);
   for (const auto* t : {&f.key_src, &f.dst_vec}) ok = ok && (!t->has_value() || aligned(**t));
   if (f.kind == kGatV2) ok = ok && aligned(*f.att);  // Cosine's att is beta, read one float at a time
   if (f.kind != kGat && f.edge.has_value()) ok = ok && aligned(*f.edge);
   for (const at::Tensor* t : more) ok = ok && aligned(*t);
-  return ok ? 4 : 1;
+  return ok;
+}
+
+// 4-wide loads need C % 4 == 0 and every [.., H, C] tensor aligned to 4 elements.
+int vector_width(const Features& f, std::initializer_list<const at::Tensor*> more) {
+  if (f.channels % 4 != 0 || f.channels > kMaxVectorChannels) return 1;
+  return all_aligned(f, more, 4) ? 4 : 1;
+}
+
+// The fused forward also takes VEC 8 (two edges per warp at a time, see
+// Layout) for 16-bit features with C % 8 == 0 and 8-element alignment.
+int forward_vector_width(const Features& f, std::initializer_list<const at::Tensor*> more) {
+  const int vec = vector_width(f, more);
+  const bool paired = vec == 4 && at::elementSize(f.dtype) == 2 && f.channels % 8 == 0 && all_aligned(f, more, 8);
+  return paired ? 8 : vec;
 }
 
 template <typename scalar_t>
@@ -1331,7 +1383,8 @@ Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, con
   p.schedule = schedule;
   p.indices = index_view(indices);
   p.eid = eid.data_ptr<int64_t>();
-  p.geo = lane_geometry(static_cast<int>(f.heads), static_cast<int>(f.channels), vec, vec == 4 ? 1 : 8);
+  p.geo = lane_geometry(static_cast<int>(f.heads), static_cast<int>(f.channels), vec, vec == 1 ? 8 : 1,
+                        vec == 8 ? kWarp / 2 : kWarp);
   p.row_bounds = order.rows;
   p.num_busy_rows = order.busy;
   p.num_empty_rows = order.empty;
@@ -1384,6 +1437,26 @@ dim3 resident_grid(Kernel kernel, const Params<scalar_t>& p) {
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(head_groups));
 }
 
+// Launches a pass whose warps loop over the work items on resident_grid.
+template <typename Kernel, typename scalar_t>
+void launch_resident(Kernel kernel, const Params<scalar_t>& p, cudaStream_t stream) {
+  const dim3 grid = resident_grid(kernel, p);
+  if (grid.x == 0) return;
+  kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The fused forward in the VEC 8 layout (16-bit features only; the host
+// picks it through forward_vector_width).
+template <typename scalar_t>
+void launch_paired_forward(int64_t kind, const Params<scalar_t>& p, cudaStream_t stream) {
+  if constexpr (sizeof(scalar_t) == 2) {
+    GNNIO_ATTENTION_KIND_SWITCH(kind, [&] { launch_resident(forward_kernel<KIND, 8, scalar_t>, p, stream); });
+  } else {
+    TORCH_INTERNAL_ASSERT(false, "the VEC 8 attention forward takes 16-bit features only");
+  }
+}
+
 // CSR slots per warp of the edge-balanced score phase: enough warps to fill
 // the GPU several times over, each with the same share of the edges.
 constexpr int64_t kSlotsPerScoreWarp = 64;
@@ -1431,7 +1504,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     GNNIO_ENSURE(num_dst < (int64_t{1} << 31), op, ": slot_rows holds int32 rows; got ", num_dst, " targets");
     edge_scores = at::empty({num_edges, f.heads}, float_options);
   }
-  const int vec = vector_width(f, {&out});
+  // the edge-balanced schedule's fused pass keeps the one-edge-per-warp layouts
+  const int vec = slot_rows == nullptr ? forward_vector_width(f, {&out}) : vector_width(f, {&out});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
@@ -1444,13 +1518,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     p.part_max = part_max;
     p.part_sum = part_sum;
     p.part_acc = part_acc;
-    GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
+    if (vec == 8) {
+      launch_paired_forward<scalar_t>(kind, p, stream);
+    } else GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
       if (slot_rows == nullptr) {
-        const auto kernel = forward_kernel<KIND, VEC, scalar_t>;
-        const dim3 grid = resident_grid(kernel, p);
-        if (grid.x == 0) return;
-        kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        launch_resident(forward_kernel<KIND, VEC, scalar_t>, p, stream);
         return;
       }
       if (num_edges > 0) {
@@ -1463,11 +1535,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
       p.scores_in = edge_scores.data_ptr<float>();
-      const auto kernel = forward_kernel<KIND, VEC, scalar_t, true>;
-      const dim3 grid = resident_grid(kernel, p);
-      if (grid.x == 0) return;
-      kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch_resident(forward_kernel<KIND, VEC, scalar_t, true>, p, stream);
     });
     if (schedule.num_heavy > 0) {
       const int threads = merge_threads(f.heads * f.channels);
@@ -1658,13 +1726,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
     p.part_vec = part_vec.data_ptr<float>();
     p.part_vec2 = part_vec2.data_ptr<float>();
     p.part_scalar = part_scalar.data_ptr<float>();
-    GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
-      const auto kernel = backward_source_kernel<KIND, VEC, scalar_t>;
-      const dim3 grid = resident_grid(kernel, p);
-      if (grid.x == 0) return;
-      kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
+    GNNIO_ATTENTION_SWITCH(kind, vec, [&] { launch_resident(backward_source_kernel<KIND, VEC, scalar_t>, p, stream); });
     sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg);
     if (has_key) sum_tiles(schedule, f.heads * f.channels, part_vec2, grad_key);
     if (kind == kGat) sum_tiles(schedule, f.heads, part_scalar, grad_scalar);

@@ -31,34 +31,42 @@ __device__ __forceinline__ float clamped_norm(float norm) { return norm < kNormF
 // Each head gets `lanes_per_head` lanes (a power of two); lane l of a head
 // holds channels (k * lanes_per_head + l) * VEC .. + VEC for k < K.
 // VEC = 4 (one 16-byte fp32 or 8-byte 16-bit load) when C % 4 == 0 and
-// C <= 128; VEC = 1 with K = 8 otherwise (C <= 256).
+// C <= 128; VEC = 1 with K = 8 otherwise (C <= 256). VEC = 8, 16-bit
+// forward only (one 16-byte load of 8 elements, C % 8 == 0, C <= 128):
+// the warp's two halves (kGroups = 2) each take every other edge of the
+// row, so each instruction that is not per-element arithmetic (ids, head
+// sums, softmax, loop) serves two edges; the halves' softmax states merge
+// at the row's end.
 template <int VEC>
 struct Layout {
-  static constexpr int kChunks = VEC == 4 ? 1 : 8;
+  static constexpr int kChunks = VEC == 1 ? 8 : 1;
+  static constexpr int kGroups = VEC == 8 ? 2 : 1;
+  static constexpr int kGroupLanes = kWarp / kGroups;
 };
 
 struct LaneGeometry {
   int heads;           // H
   int channels;        // C
   int lanes_per_head;  // power of two
-  int heads_per_warp;  // 32 / lanes_per_head
+  int heads_per_warp;  // heads one edge group of the warp covers: group lanes / lanes_per_head
 };
 
-// Host: lanes per head for C channels in chunks of VEC, K chunks per lane.
-inline LaneGeometry lane_geometry(int heads, int channels, int vec, int chunks_per_lane) {
+// Host: lanes per head for C channels in chunks of VEC, K chunks per lane,
+// in edge groups of group_lanes lanes.
+inline LaneGeometry lane_geometry(int heads, int channels, int vec, int chunks_per_lane, int group_lanes = kWarp) {
   const int64_t chunks = (channels + vec - 1) / vec;
   const int64_t per_lane = (chunks + chunks_per_lane - 1) / chunks_per_lane;
   const int lanes = lanes_per_edge(per_lane);
-  return LaneGeometry{heads, channels, lanes, kWarp / lanes};
+  return LaneGeometry{heads, channels, lanes, group_lanes / lanes};
 }
 
-// VEC elements of `p` as fp32 (VEC == 4: one vector load; alignment checked on the host).
+// VEC elements of `p` as fp32 (VEC == 4 or 8: one vector load; alignment checked on the host).
 template <int VEC, typename T>
 __device__ __forceinline__ void load_f32(const T* __restrict__ p, float (&out)[VEC]) {
-  if constexpr (VEC == 4) {
-    const Vec<T, 4> v = load_vec<T, 4>(p);
+  if constexpr (VEC == 4 || VEC == 8) {
+    const Vec<T, VEC> v = load_vec<T, VEC>(p);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = static_cast<float>(v.v[i]);
+    for (int i = 0; i < VEC; ++i) out[i] = static_cast<float>(v.v[i]);
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = static_cast<float>(p[i]);
@@ -67,11 +75,11 @@ __device__ __forceinline__ void load_f32(const T* __restrict__ p, float (&out)[V
 
 template <int VEC, typename T>
 __device__ __forceinline__ void store_f32(T* __restrict__ p, const float (&in)[VEC]) {
-  if constexpr (VEC == 4) {
-    Vec<T, 4> v;
+  if constexpr (VEC == 4 || VEC == 8) {
+    Vec<T, VEC> v;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v.v[i] = static_cast<T>(in[i]);
-    store_vec<T, 4>(p, v);
+    for (int i = 0; i < VEC; ++i) v.v[i] = static_cast<T>(in[i]);
+    store_vec<T, VEC>(p, v);
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) p[i] = static_cast<T>(in[i]);

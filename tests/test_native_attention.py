@@ -258,9 +258,10 @@ def test_attention_weights_with_autograd_take_the_reference(kind):
         loss = out.sum() + (alpha * torch.arange(alpha.numel(), device="cuda").reshape(alpha.shape)).sum()
         results[backend] = torch.autograd.grad(loss, list(inputs.values()))
     # Both calls run the reference, whose CUDA scatter sums add in no fixed order: equal up to
-    # fp32 rounding of sums whose terms reach alpha.numel() in size.
+    # fp32 rounding of sums whose terms reach alpha.numel() in size. The hub's row adds 1,500 such
+    # terms; their rounding reached 1.05e-5 of the largest gradient in one GPU run.
     for native_grad, reference_grad in zip(results["native"], results["reference"]):
-        torch.testing.assert_close(native_grad, reference_grad, rtol=1e-4, atol=1e-5 * reference_grad.abs().max().item())
+        torch.testing.assert_close(native_grad, reference_grad, rtol=1e-4, atol=1e-4 * reference_grad.abs().max().item())
 
 
 def test_dropout_statistics_and_fresh_masks():
@@ -346,14 +347,41 @@ def test_edge_balanced_forward_matches_fp64_reference(kind, heads, channels):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_edge_balanced_forward_16bit_equals_the_fused_forward(kind, dtype):
-    """Same scores, same softmax: the edge-balanced forward's 16-bit output is the fused forward's."""
+    """Same scores, same softmax: the edge-balanced forward's 16-bit output is the fused forward's up to
+    one rounding to the 16-bit dtype (the fused 16-bit forward takes two edges per warp at a time, so
+    its fp32 sums add in another order)."""
     graph = small_graph().to("cuda")
     heads = 1 if kind == "agnn" else 4
     inputs = make_inputs(kind, graph, heads, 32, dtype, edges=kind in EDGE_KINDS, seed=71)
     fused, _ = run(kind, graph, inputs, "native")
     with attention_native.forced_schedule(attention_native.EDGE_BALANCED):
         balanced, _ = run(kind, graph, inputs, "native")
-    assert relative_error(balanced.float(), fused.float()) <= 1e-3
+    assert relative_error(balanced.float(), fused.float()) <= torch.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,channels", [(1, 8), (3, 16), (8, 64), (2, 128)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_16bit_forward_two_edges_per_warp(kind, heads, channels, dtype):
+    """The 16-bit forward's layout for C % 8 == 0 (a warp's halves take every other edge, their softmax
+    states merge at the row's end; several head groups for 8 x 64): output and weights within twice
+    torch's own 16-bit error, on a graph with empty rows, one-edge rows and a hub cut into tiles; with
+    dropout, the fp32 kernels' mask (same seed) and their output up to one 16-bit rounding."""
+    graph = small_graph().to("cuda")
+    heads = 1 if kind == "agnn" else heads
+    inputs = make_inputs(kind, graph, heads, channels, dtype, edges=kind in EDGE_KINDS, seed=heads * channels)
+    out, alpha = run(kind, graph, inputs, "native", return_attention=True)
+    torch_out, torch_alpha = run(kind, graph, upcast(inputs, dtype), "reference", return_attention=True)
+    oracle_out, oracle_alpha = run(kind, graph, upcast(inputs), "reference", return_attention=True)
+    assert out.dtype == dtype
+    assert_within_torch_error(out, oracle_out, torch_out)
+    assert_within_torch_error(alpha, oracle_alpha, torch_alpha)
+
+    dropped = {}
+    for precision in (dtype, torch.float32):
+        torch.cuda.manual_seed(29)
+        dropped[precision], _ = run(kind, graph, upcast(inputs, precision), "native", dropout=0.3, training=True)
+    assert relative_error(dropped[dtype].float(), dropped[torch.float32]) <= torch.finfo(dtype).eps
 
 
 def test_edge_balanced_forward_with_dropout_uses_the_fused_mask():
