@@ -151,9 +151,9 @@ __device__ __forceinline__ T* row_start(T* base, int64_t index, const LaneGeomet
 
 // This lane's chunks of row `node` of a [rows, H, C] tensor. Chunks past the
 // head's channels read the row's first elements instead: in the 8-chunk
-// layout they are set to 0; in the 4-wide layout (one chunk per lane) a lane
-// is inside its head or wholly outside it, and an outside lane keeps what it
-// read, since nothing of it reaches a result: head sums take only the lanes
+// layout they are set to 0; in the 4- and 8-wide layouts (one chunk per
+// lane) a lane is inside its head or wholly outside it, and an outside lane
+// keeps what it read, since nothing of it reaches a result: head sums take only the lanes
 // inside (lane_sum) and stores skip the others. That saves a select per
 // gathered element. Loads need no branch, so the compiler can issue all of a
 // step's loads back to back. The padding slots of a step read a real row
@@ -248,8 +248,8 @@ __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chu
 
 // How the 4-wide layout (one chunk per lane: C % 4 == 0, C <= 128) trades
 // warps for loads in flight. The kernels are latency-bound gathers: a warp
-// spends most of a short row waiting on indptr, then the neighbour ids, then
-// the neighbour rows. Each step issues all of its edges' row loads before the
+// spends most of a short row waiting on the row's bounds, then the neighbour
+// ids, then the neighbour rows. Each step issues all of its edges' row loads before the
 // first use (no branch between them, or the compiler serialises them: one
 // full memory latency per edge), and other warps hide the rest. Each kernel
 // is compiled for at least 3 resident 256-thread blocks per SM

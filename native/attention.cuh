@@ -36,7 +36,9 @@ __device__ __forceinline__ float clamped_norm(float norm) { return norm < kNormF
 // the warp's two halves (kGroups = 2) each take every other edge of the
 // row, so each instruction that is not per-element arithmetic (ids, head
 // sums, softmax, loop) serves two edges; the halves' softmax states merge
-// at the row's end.
+// at the row's end. Its head sums add 8-channel lanes where the backward
+// passes (VEC 4) add 4-channel ones, so a 16-bit score recomputed in
+// backward equals the forward's up to fp32 rounding, not bit for bit.
 template <int VEC>
 struct Layout {
   static constexpr int kChunks = VEC == 1 ? 8 : 1;
