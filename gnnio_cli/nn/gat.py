@@ -11,7 +11,7 @@ from torch.nn import Parameter
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, EdgesInput, FillValue, with_self_loops
 from gnnio_cli.nn.base import ConvBase, NodeFeatures, Size, returned_edges, split_pair
-from gnnio_cli.nn.linear import Linear, glorot_, zeros_
+from gnnio_cli.nn.linear import Linear, add_bias, glorot_, zeros_
 from gnnio_cli.ops import attention
 
 AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
@@ -100,7 +100,7 @@ class _AttentionConv(ConvBase):
         if residual is not None:
             out = out + residual
         if self.bias is not None:
-            out = out + self.bias
+            out = add_bias(out, self.bias)
         if not return_attention_weights:
             return out
         if adjacency.is_sparse:

@@ -12,7 +12,7 @@ from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.nn.adjacency import EdgesInput, appended_self_loops
 from gnnio_cli.nn.base import ConvBase
-from gnnio_cli.nn.linear import Linear, zeros_
+from gnnio_cli.nn.linear import Linear, add_bias, zeros_
 from gnnio_cli.ops.spmm import gcn_norm, gcn_propagate, spmm
 
 GCN_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean"}
@@ -106,7 +106,7 @@ class GCNConv(ConvBase):
                 adjacency.graph, x, edge_weight, improved=self.improved, add_self_loops=self.add_self_loops
             )
         if self.bias is not None:
-            out = out + self.bias
+            out = add_bias(out, self.bias)
         return out
 
     def _normalized(self, adjacency, edge_weight: Optional[Tensor], dtype: torch.dtype) -> tuple[Graph, Tensor]:
