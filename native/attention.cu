@@ -1815,7 +1815,8 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 // schedule (common.cuh) and row_order: int64 [L, 3], the light rows (at
 // most tile_edges slots) each with its first and end slot, the
 // num_busy_rows non-empty ones first by descending length, then the empty
-// ones (gnnio_cli/ops/attention_native.py builds it once per graph). Per-edge tensors are in eid order.
+// ones (gnnio_cli/ops/attention_native.py builds it once per graph).
+// Per-edge tensors are in eid order.
 //   msg_src [Ns, H, C]: x_src (GAT, GATv2, cosine) or value (dot)
 //   key_src [Ns, H, C]: key (dot);  dst_vec [Nd, H, C]: x_dst (GATv2, cosine) or query (dot)
 //   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT);

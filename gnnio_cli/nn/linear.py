@@ -86,14 +86,13 @@ class _BiasAdd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, bias: Tensor) -> Tensor:
-        ctx.dtypes = (x.dtype, bias.dtype)
         return x + bias
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x_dtype, bias_dtype = ctx.dtypes
-        grad_x = grad.to(x_dtype) if ctx.needs_input_grad[0] else None
-        grad_bias = bias_gradient(grad).to(bias_dtype) if ctx.needs_input_grad[1] else None
+        # (autograd casts each gradient to its input's dtype where x and bias differ)
+        grad_x = grad if ctx.needs_input_grad[0] else None
+        grad_bias = bias_gradient(grad) if ctx.needs_input_grad[1] else None
         return grad_x, grad_bias
 
 
