@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gnnio_cli.nn.linear import Linear, _Affine, add_bias, bias_gradient
+from gnnio_cli.nn.linear import Linear, _Affine, _SharedInputAffine, add_bias, bias_gradient, project_shared
 from testing import DEVICES
 
 
@@ -59,3 +59,40 @@ def test_autocast_takes_plain_torch():
     assert out.grad_fn.name() != "_BiasAddBackward"
     out.float().sum().backward()
     assert x.grad is not None and layer.bias.grad is not None
+
+
+def test_shared_input_projections_pass_gradcheck():
+    """fp64 gradcheck of several projections of one x (x's gradient accumulated by addmm_), biases or not."""
+    generator = torch.Generator().manual_seed(4)
+
+    def leaf(*size):
+        return torch.randn(*size, dtype=torch.float64, generator=generator).requires_grad_()
+
+    x = leaf(2, 6, 5)
+    params = (leaf(3, 5), leaf(3), leaf(4, 5), None, leaf(3, 5), leaf(3))
+    assert torch.autograd.gradcheck(lambda *a: _SharedInputAffine.apply(*a), (x, *params))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_project_shared_equals_separate_linears(device, count):
+    """Outputs and every gradient as calling each Linear on x (fresh random values, fp32)."""
+    torch.manual_seed(6)
+    linears = [Linear(16, 8, bias=i % 2 == 0).to(device) for i in range(count)]
+    x = torch.randn(300, 16, device=device, requires_grad=True)
+    grads = [torch.randn(300, 8, device=device) for _ in linears]
+    params = [p for linear in linears for p in linear.parameters()]
+    ours = project_shared(x, *linears)
+    mine = torch.autograd.grad(ours, [x, *params], grads)
+    theirs = [linear(x) for linear in linears]
+    expected = torch.autograd.grad(theirs, [x, *params], grads)
+    for out, reference in zip(ours, theirs):
+        torch.testing.assert_close(out, reference, rtol=0, atol=0)
+    for a, b in zip(mine, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_project_shared_materialises_lazy_weights():
+    linears = [Linear(-1, 3), Linear(-1, 2)]
+    outs = project_shared(torch.randn(5, 7), *linears)
+    assert [tuple(o.shape) for o in outs] == [(5, 3), (5, 2)] and linears[1].in_channels == 7

@@ -96,6 +96,48 @@ class _BiasAdd(torch.autograd.Function):
         return grad_x, grad_bias
 
 
+class _SharedInputAffine(torch.autograd.Function):
+    """F.linear(x, w_i, b_i) for several projections (w_1, b_1, w_2, b_2, ...) of one x.
+
+    Backward forms x's gradient as g_1 @ w_1 and adds each further g_i @ w_i
+    inside its GEMM (addmm_, beta = 1), instead of one GEMM per projection and
+    the sums of their [N, F] results that autograd would run for separate
+    projections. Biases (any may be None) get bias_gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, *weights_and_biases: Optional[Tensor]):
+        weights = weights_and_biases[0::2]
+        ctx.save_for_backward(x, *weights)
+        return tuple(F.linear(x, w, b) for w, b in zip(weights, weights_and_biases[1::2]))
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor):
+        x, *weights = ctx.saved_tensors
+        rows = x.reshape(-1, x.shape[-1])
+        grads = [g.reshape(-1, g.shape[-1]) for g in grads]
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grads[0] @ weights[0]
+            for g, w in zip(grads[1:], weights[1:]):
+                grad_x.addmm_(g, w)
+            grad_x = grad_x.view(x.shape)
+        param_grads = []
+        for i, g in enumerate(grads):
+            param_grads.append(g.t() @ rows if ctx.needs_input_grad[1 + 2 * i] else None)
+            param_grads.append(bias_gradient(g) if ctx.needs_input_grad[2 + 2 * i] else None)
+        return (grad_x, *param_grads)
+
+
+def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
+    """(linear(x) for each of `linears`) with one input gradient (see _SharedInputAffine); plain calls
+    under autocast or while a weight is still lazy."""
+    if torch.is_autocast_enabled(x.device.type) or any(is_lazy(linear.weight) for linear in linears):
+        return tuple(linear(x) for linear in linears)
+    params = [t for linear in linears for t in (linear.weight, linear.bias)]
+    return _SharedInputAffine.apply(x, *params)
+
+
 def add_bias(x: Tensor, bias: Tensor) -> Tensor:
     """x + bias, as every layer adds its output bias (see bias_gradient); plain torch under autocast."""
     if torch.is_autocast_enabled(x.device.type):

@@ -11,7 +11,7 @@ from torch.nn import Parameter
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import EdgesInput, with_self_loops
 from gnnio_cli.nn.base import ConvBase, NodeFeatures, returned_edges, split_pair
-from gnnio_cli.nn.linear import Linear
+from gnnio_cli.nn.linear import Linear, project_shared
 from gnnio_cli.ops import attention
 
 
@@ -93,9 +93,14 @@ class TransformerConv(ConvBase):
         x_src, x_dst = split_pair(x)
         if x_dst is None:
             raise GnnioError("TransformerConv: needs target features (x_dst may not be None)")
-        query = self.lin_query(x_dst).view(-1, heads, channels)
-        key = self.lin_key(x_src).view(-1, heads, channels)
-        value = self.lin_value(x_src).view(-1, heads, channels)
+        skip = None
+        if x_src is x_dst:
+            linears = (self.lin_query, self.lin_key, self.lin_value) + ((self.lin_skip,) if self.root_weight else ())
+            query, key, value, *rest = project_shared(x_src, *linears)
+            skip = rest[0] if rest else None
+        else:
+            query, key, value = self.lin_query(x_dst), self.lin_key(x_src), self.lin_value(x_src)
+        query, key, value = (t.view(-1, heads, channels) for t in (query, key, value))
         adjacency = self.adjacency(edge_index, x_src, x_dst)
         if edge_attr is None and adjacency.values is not None and adjacency.values.dim() == 2:
             edge_attr = adjacency.values
@@ -120,7 +125,7 @@ class TransformerConv(ConvBase):
         out, alpha = result if wants_attention else (result, None)
         out = out.reshape(-1, heads * channels) if self.concat else out.mean(dim=1)
         if self.root_weight:
-            skip = self.lin_skip(x_dst)
+            skip = self.lin_skip(x_dst) if skip is None else skip
             if self.lin_beta is not None:
                 gate = self.lin_beta(torch.cat([out, skip, out - skip], dim=-1)).sigmoid()
                 out = gate * skip + (1 - gate) * out
