@@ -11,9 +11,15 @@
 //     delta[t, h] = <grad_out[t, h], out[t, h]>, summed from the recomputed terms;
 //   - a CSC pass (one row per source) recomputes them once more and gives the
 //     source-side gradients (key, value, x_src, alpha_src) and the per-edge ones.
+// GAT and Dot in fp32 run the other way round (the host picks): delta from the
+// saved output (attention_row_dots), the CSC pass first, which also writes
+// each edge's score gradient s_e in CSR slot order, then a CSR pass that only
+// sums s_e (GAT's d alpha_dst) or s_e * key (Dot's d query): one gathered
+// row per edge or none, against two for the recomputing CSR pass.
 // With p = exp(score - lse), w = p * dropout and dp = dropout * <g_t, message>:
 //   d score = p * (dp - delta),  d message = w * g_t.
-// Both passes are gathers, never scatters: no atomics, deterministic results.
+// Every pass is a gather, never a scatter of sums (s_e is written once per
+// edge): no atomics, deterministic results.
 //
 // AGNN (kind Cosine), per head, with n_s = |x_s|, m_s = max(n_s, eps),
 // a_s = [n_s >= eps], u_s = x_s / m_s (F.normalize, eps = 1e-12):
@@ -80,6 +86,7 @@ struct Params {
   Dropout dropout;
 
   // forward outputs
+  const scalar_t* out_bias;  // [H, C] added to every output row (a layer's output bias), or null
   scalar_t* out;
   float* lse;
   float* scores;              // [E, H] raw scores in eid order, or null
@@ -97,6 +104,12 @@ struct Params {
   scalar_t* grad_vec2;    // source pass, Dot: d key
   scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
   scalar_t* grad_edge;
+  // GAT and Dot: each edge's score gradient s_e, fp32 [E, H] in CSR slot order, written by
+  // the source pass (edge_grads, at csr_slot[its CSC slot]) and summed by
+  // target_from_edges_kernel (edge_grads_in)
+  float* edge_grads;
+  const int64_t* csr_slot;
+  const float* edge_grads_in;
   float* delta_out;
   float* att_partial;  // [resident warps, H, C] (GATv2) or [resident warps, H] (Cosine: d beta)
   float* part_vec;
@@ -339,10 +352,16 @@ struct StepEdges {
   int stride;      // edge groups of the warp: the group's u-th slot is first + u * stride
   int count;       // slots held by the lanes
   int64_t base;    // the slot the lanes' first one is
+  uint32_t mapped_mine;  // this lane's slot's entry of for_each_step's slot_map (0 without one)
 
   __device__ __forceinline__ int64_t operator()(int u) const {
     const int index = first + u * stride;
     return static_cast<int64_t>(__shfl_sync(kFullMask, mine, index < count ? index : 0));
+  }
+  // slot_map's entry for the group's u-th edge of the step (a whole-warp shuffle, as operator())
+  __device__ __forceinline__ int64_t mapped(int u) const {
+    const int index = first + u * stride;
+    return static_cast<int64_t>(__shfl_sync(kFullMask, mapped_mine, index < count ? index : 0));
   }
   // slot position (CSR order) of the group's u-th edge of the step
   __device__ __forceinline__ int64_t slot(int u) const { return base + first + u * stride; }
@@ -353,16 +372,19 @@ struct StepEdges {
 // step's slots g, g + G, ...); neighbour ids and edge ids are read 32 at a
 // time, one per lane, and handed round by shuffles. A step's padding slots
 // (valid false) get lane 0's neighbour and edge id: real rows, so every load
-// of the step is unconditional.
+// of the step is unconditional. slot_map (optional, one entry per slot) is
+// read in the same round as the ids, for StepEdges::mapped.
 template <int U, int G = 1, typename Step>
 __device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const IndexView& indices,
-                                              const int64_t* __restrict__ eid, bool need_eid, int lane, Step&& step) {
+                                              const int64_t* __restrict__ eid, bool need_eid, int lane, Step&& step,
+                                              const int64_t* __restrict__ slot_map = nullptr) {
   const int group = lane / (kWarp / G);
   for (int64_t base = begin; base < end; base += kWarp) {
     const int count = end - base < kWarp ? static_cast<int>(end - base) : kWarp;
     // ids below 2^32 (checked on the host): one 32-bit shuffle per slot
     const uint32_t my_neighbour = lane < count ? static_cast<uint32_t>(indices[base + lane]) : 0;
     const uint32_t my_eid = need_eid && lane < count ? static_cast<uint32_t>(eid[base + lane]) : 0;
+    const uint32_t my_mapped = slot_map != nullptr && lane < count ? static_cast<uint32_t>(slot_map[base + lane]) : 0;
     for (int first = 0; first < count; first += U * G) {
       const int group_first = first + group;
       int64_t neighbour[U];
@@ -373,7 +395,7 @@ __device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const 
         valid[u] = index < count;
         neighbour[u] = static_cast<int64_t>(__shfl_sync(kFullMask, my_neighbour, valid[u] ? index : 0));
       }
-      step(neighbour, valid, StepEdges{my_eid, group_first, G, count, base});
+      step(neighbour, valid, StepEdges{my_eid, group_first, G, count, base, my_mapped});
     }
   }
 }
@@ -510,6 +532,18 @@ __device__ __forceinline__ void merge_groups(float& run_max, float& run_sum, Chu
   run_max = row_max;
 }
 
+// out += bias (the layer's output bias, [H, C]) before a row's store, when
+// given: one fewer pass over the output than adding it afterwards. Read at
+// each store (an L1 hit), not held in registers for the whole pass.
+template <int VEC, typename scalar_t>
+__device__ __forceinline__ void add_out_bias(const scalar_t* bias, const LaneGeometry& geo, const Lane<VEC>& lane,
+                                             Chunks<VEC>& row) {
+  if (bias == nullptr) return;
+  Chunks<VEC> values;
+  load_row<VEC>(bias, 0, geo, lane, values);
+  add_to<VEC>(row, values);
+}
+
 // ------------------------------------------------------------------ forward
 // PRECOMPUTED: the scores come from p.scores_in (slot order, written by the
 // edge-balanced score phase) instead of from the source and target rows; the
@@ -607,6 +641,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
       for (int k = 0; k < K; ++k)
 #pragma unroll
         for (int v = 0; v < VEC; ++v) acc[k][v] *= inverse;
+      add_out_bias<VEC>(p.out_bias, geo, lane, acc);
       store_row<VEC>(p.out, item.row, geo, lane, acc);
       if (writer) p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
     } else {
@@ -620,6 +655,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
     if (!row_lane) return;
     Chunks<VEC> zero;
     set_zero<VEC>(zero);
+    add_out_bias<VEC>(p.out_bias, geo, lane, zero);
     store_row<VEC>(p.out, row, geo, lane, zero);
     if (writer) p.lse[row * geo.heads + lane.head] = 0.f;
   });
@@ -681,7 +717,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) edge_scores_kernel(cons
 template <typename scalar_t>
 __global__ void merge_tiles_kernel(const RowSchedule s, int heads, int channels, const float* __restrict__ part_max,
                                    const float* __restrict__ part_sum, const float* __restrict__ part_acc,
-                                   scalar_t* __restrict__ out, float* __restrict__ lse) {
+                                   const scalar_t* __restrict__ bias, scalar_t* __restrict__ out,
+                                   float* __restrict__ lse) {
   const int64_t row = s.heavy_rows[blockIdx.x];
   const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
   const int64_t width = static_cast<int64_t>(heads) * channels;
@@ -705,7 +742,8 @@ __global__ void merge_tiles_kernel(const RowSchedule s, int heads, int channels,
           sum += tile.sum * factor;
           acc += tile.acc * factor;
         });
-    out[row * width + f] = static_cast<scalar_t>(sum > 0.f ? acc / sum : 0.f);
+    const float value = sum > 0.f ? acc / sum : 0.f;
+    out[row * width + f] = static_cast<scalar_t>(bias != nullptr ? value + static_cast<float>(bias[f]) : value);
     if (f % channels == 0) lse[row * heads + head] = sum > 0.f ? row_max + logf(sum) : 0.f;
   }
 }
@@ -1089,6 +1127,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           add_scaled<VEC>(key_grad, score_grad * factor * target_inverse_norm[u], target[u]);
         } else if constexpr (KIND == kDot) {
           add_scaled<VEC>(key_grad, score_grad * p.scale, target[u]);
+          if (p.edge_grads) {
+            const int64_t slot = edge_id.mapped(u);
+            if (writer) p.edge_grads[slot * geo.heads + lane.head] = score_grad * p.scale;
+          }
           if (p.grad_edge) {
             Chunks<VEC> edge_grad;
 #pragma unroll
@@ -1114,9 +1156,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
             const int64_t e = edge_id(u);
             if (writer) p.grad_edge[e * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
           }
+          if (p.edge_grads) {
+            const int64_t slot = edge_id.mapped(u);
+            if (writer) p.edge_grads[slot * geo.heads + lane.head] = z_grad;
+          }
         }
       }
-    });
+    }, p.edge_grads != nullptr ? p.csr_slot : nullptr);
 
     if (item.partial < 0) {
       // Cosine: d x_src whole (the heavy rows' tiles get it from a node pass over those rows)
@@ -1148,6 +1194,76 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   });
 }
 
+// ------------------------------------ backward, target side from edge gradients
+// GAT's and Dot's target-side gradients are linear in the per-edge score
+// gradients s_e the source pass wrote (edge_grads, CSR slot order):
+//   GAT: d alpha_dst[t] = sum_{e into t} s_e,  s_e = d z_e (z = alpha_src + alpha_dst + edge);
+//   Dot: d query[t]     = sum_{e into t} s_e (key_s + edge_e),  s_e = scale * d score_e.
+// So this pass gathers no row at all for GAT (a row's s_e are contiguous)
+// and only the key row for Dot, against backward_target_kernel's
+// recomputation from two rows per edge (Dot: key and value; GAT: x_src for
+// <g_t, x_src>). The price is delta (attention_row_dots of the saved output)
+// before the source pass.
+template <int KIND, int VEC, typename scalar_t>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<KIND, VEC>())
+    target_from_edges_kernel(const Params<scalar_t> p) {
+  static_assert(KIND == kGat || KIND == kDot, "only GAT's and Dot's target gradients are linear in s_e");
+  // edges per step, all their loads issued first: Dot keeps one key row per edge (4 fit its 80
+  // registers), GAT only one scalar per edge
+  constexpr int U = KIND == kDot ? 4 : 8;
+  const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
+  const Lane<VEC> lane(geo);
+  const bool writer = lane.head_ok && lane.in_head == 0;
+  const auto edge_grad = [&](int64_t slot, bool valid) {
+    return valid && lane.head_ok ? p.edge_grads_in[slot * geo.heads + lane.head] : 0.f;
+  };
+
+  for_each_item(p, lane.lane, [&](const WorkItem& item) {
+    Chunks<VEC> sum;
+    set_zero<VEC>(sum);
+    float scalar_sum = 0.f;
+    if constexpr (KIND == kDot) {
+      for_each_step<U>(item.begin, item.end, p.indices, p.eid, p.edge != nullptr, lane.lane,
+                       [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
+        float grad[U];
+        Chunks<VEC> key[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) grad[u] = edge_grad(edge_id.slot(u), valid[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
+        add_edge_features<VEC, U>(p, edge_id, geo, lane, key);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (valid[u]) add_scaled<VEC>(sum, grad[u], key[u]);
+      });
+    } else {
+      // no neighbour needed: the row's s_e are [begin, end) x H, read directly
+      for (int64_t first = item.begin; first < item.end; first += U) {
+        float grad[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) grad[u] = edge_grad(first + u, first + u < item.end);
+#pragma unroll
+        for (int u = 0; u < U; ++u) scalar_sum += grad[u];
+      }
+    }
+    if (item.partial < 0) {
+      if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec, item.row, geo, lane, sum);
+      if (KIND == kGat && writer) p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_sum);
+    } else {
+      if constexpr (KIND == kDot) store_row<VEC>(p.part_vec, item.partial, geo, lane, sum);
+      if (KIND == kGat && writer) p.part_scalar[item.partial * geo.heads + lane.head] = scalar_sum;
+    }
+  }, [&](int64_t row) {
+    if constexpr (KIND == kDot) {
+      Chunks<VEC> zero;
+      set_zero<VEC>(zero);
+      store_row<VEC>(p.grad_vec, row, geo, lane, zero);
+    } else if (writer) {
+      p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
+    }
+  });
+}
+
 // ------------------------------------------------- Cosine's node-level work
 // AGNN's rows before and after the edge kernels, one warp per (node, head)
 // row, lanes striding over the channels (coalesced; any C). With
@@ -1172,6 +1288,42 @@ __global__ void row_norms_kernel(const scalar_t* __restrict__ x, int64_t rows, i
   }
   squares = warp_sum(squares);
   if (lane == 0) norm[row] = sqrtf(squares);
+}
+
+// dots[r] = <a[r], b[r] - offset[r % heads]> per (node, head) row in fp32:
+// GAT's and Dot's delta = <g_t, out_t> from the saved output (less the
+// output bias the forward added, when it did), before their source pass.
+// Each warp takes kDotRowsPerWarp consecutive rows (contiguous memory) and
+// issues all their loads before the first sum: with one row per warp the
+// loads in flight were too few (H100, rmat20 4 x 32: 0.63 ms for 1 GiB read).
+constexpr int kDotRowsPerWarp = 8;
+
+template <typename scalar_t>
+__global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
+                                const scalar_t* __restrict__ offset, int64_t rows, int heads, int channels,
+                                float* __restrict__ dots) {
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * kDotRowsPerWarp;
+  if (first >= rows) return;  // warp-uniform
+  const int lane = threadIdx.x & (kWarp - 1);
+  float sums[kDotRowsPerWarp] = {};
+  for (int c = lane; c - lane < channels; c += kWarp) {  // every lane takes each round (the sums are whole-warp)
+    float products[kDotRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kDotRowsPerWarp; ++r) {
+      const int64_t row = first + r;
+      const bool valid = row < rows && c < channels;
+      const int64_t at = row * channels + c;
+      const float shift = valid && offset != nullptr ? static_cast<float>(offset[(row % heads) * channels + c]) : 0.f;
+      products[r] = valid ? static_cast<float>(a[at]) * (static_cast<float>(b[at]) - shift) : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < kDotRowsPerWarp; ++r) sums[r] += products[r];
+  }
+#pragma unroll
+  for (int r = 0; r < kDotRowsPerWarp; ++r) {
+    const float sum = warp_sum(sums[r]);
+    if (lane == 0 && first + r < rows) dots[first + r] = sum;
+  }
 }
 
 // `nodes` (optional): only these nodes' rows (all heads), e.g. the heavy
@@ -1216,6 +1368,7 @@ constexpr const char* kForward = "gnnio::attention_forward";
 constexpr const char* kForwardEdgeBalanced = "gnnio::attention_forward_edge_balanced";
 constexpr const char* kBackwardTarget = "gnnio::attention_backward_target";
 constexpr const char* kBackwardSource = "gnnio::attention_backward_source";
+constexpr const char* kBackwardTargetFromEdges = "gnnio::attention_backward_target_from_edges";
 
 // Runtime (kind, vector width) become template parameters: 4 kinds x 2
 // widths x 3 dtypes = 24 instantiations per kernel (the forward also has
@@ -1474,7 +1627,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
-    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor* slot_rows) {
+    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor* slot_rows,
+    const c10::optional<at::Tensor>& bias) {
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
       row_schedule(op, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
@@ -1484,6 +1638,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
                                     dst_scalar, att, edge);
   GNNIO_ENSURE(return_scores >= 0 && return_scores <= 2, op,
               ": return_scores must be 0 (none), 1 (before dropout) or 2 (after dropout), got ", return_scores);
+  if (bias.has_value()) check_tensor(op, "bias", *bias, f.dtype, {f.heads, f.channels});
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
 
@@ -1508,13 +1663,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     edge_scores = at::empty({num_edges, f.heads}, float_options);
   }
   // the edge-balanced schedule's fused pass keeps the one-edge-per-warp layouts
-  const int vec = slot_rows == nullptr ? forward_vector_width(f, {&out}) : vector_width(f, {&out});
+  const at::Tensor& bias_or_out = bias.has_value() ? *bias : out;  // alignment of each tensor read
+  const int vec = slot_rows == nullptr ? forward_vector_width(f, {&out, &bias_or_out})
+                                       : vector_width(f, {&out, &bias_or_out});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
     Params<scalar_t> p =
         make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     p.out = out.data_ptr<scalar_t>();
+    p.out_bias = ptr_or_null<scalar_t>(bias);
     p.lse = lse.data_ptr<float>();
     p.scores = return_scores ? scores.data_ptr<float>() : nullptr;
     p.scores_after_dropout = return_scores == 2;
@@ -1544,7 +1702,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
       const int threads = merge_threads(f.heads * f.channels);
       merge_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), threads, 0, stream>>>(
           schedule, static_cast<int>(f.heads), static_cast<int>(f.channels), p.part_max, p.part_sum, p.part_acc,
-          p.out, p.lse);
+          p.out_bias, p.out, p.lse);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
@@ -1559,10 +1717,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
-    double dropout, int64_t seed, int64_t offset, int64_t return_scores) {
+    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const c10::optional<at::Tensor>& bias) {
   return forward_impl(kForward, kind, indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr,
                       tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att,
-                      edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr);
+                      edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr, bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
@@ -1573,10 +1731,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
-    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor& slot_rows) {
+    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor& slot_rows,
+    const c10::optional<at::Tensor>& bias) {
   return forward_impl(kForwardEdgeBalanced, kind, indptr, indices, eid, tile_row, tile_start, heavy_rows,
                       heavy_tile_ptr, tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar,
-                      dst_scalar, att, edge, negative_slope, scale, dropout, seed, offset, return_scores, &slot_rows);
+                      dst_scalar, att, edge, negative_slope, scale, dropout, seed, offset, return_scores, &slot_rows,
+                      bias);
 }
 
 // Heavy rows of the backward source pass: the tiles' partial rows [T, width]
@@ -1675,7 +1835,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 // Blocks of the node-level Cosine kernels: one warp per (node, head) row.
 unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
     const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& row_order, int64_t num_busy_rows,
@@ -1684,7 +1844,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
     const at::Tensor& lse, const at::Tensor& delta, double negative_slope, double scale, double dropout,
-    int64_t seed, int64_t offset) {
+    int64_t seed, int64_t offset, const c10::optional<at::Tensor>& edge_grad_slots) {
   const char* op = kBackwardSource;
   const int64_t num_src = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
@@ -1699,10 +1859,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
   check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
   check_tensor(op, "lse", lse, at::kFloat, {num_dst, f.heads});
   check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads});
+  const bool want_edge_grads = edge_grad_slots.has_value();
+  GNNIO_ENSURE(!want_edge_grads || kind == kGat || kind == kDot, op,
+              ": edge_grad_slots are for kinds 0 (GAT) and 2 (dot) only, got kind ", kind);
+  if (want_edge_grads) {
+    const at::Tensor& slots = *edge_grad_slots;
+    GNNIO_ENSURE(slots.is_cuda() && slots.scalar_type() == at::kLong && slots.is_contiguous() &&
+                     slots.dim() == 1 && slots.numel() == num_edges,
+                 op, ": edge_grad_slots must be a contiguous int64 CUDA tensor of ", num_edges, " entries, got ",
+                 slots.scalar_type(), " of shape ", slots.sizes(), " on ", slots.device());
+  }
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
   const int64_t tiles = schedule.num_tiles;
 
+  at::Tensor edge_grads = at::empty({want_edge_grads ? num_edges : 0, f.heads}, float_options);
   at::Tensor grad_msg = at::empty({num_src, f.heads, f.channels}, msg_src.options());
   // Cosine: d u_src through the scores, kept only for the heavy rows' node pass (the light rows' is folded in)
   const bool has_key = kind == kDot || kind == kCosine;
@@ -1726,6 +1897,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
     p.grad_vec2 = has_key ? grad_key.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_scalar.data_ptr<scalar_t>() : nullptr;
     p.grad_edge = edge.has_value() ? grad_edge.data_ptr<scalar_t>() : nullptr;
+    p.edge_grads = want_edge_grads ? edge_grads.data_ptr<float>() : nullptr;
+    p.csr_slot = want_edge_grads ? edge_grad_slots->data_ptr<int64_t>() : nullptr;
     p.part_vec = part_vec.data_ptr<float>();
     p.part_vec2 = part_vec2.data_ptr<float>();
     p.part_scalar = part_scalar.data_ptr<float>();
@@ -1744,11 +1917,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_so
     }
   });
   if (kind == kCosine) grad_key = at::empty({0}, msg_src.options());  // scratch, not an output
-  return {grad_msg, grad_key, grad_scalar, grad_edge};
+  return {grad_msg, grad_key, grad_scalar, grad_edge, edge_grads};
+}
+
+// GAT's and Dot's target-side gradients from the source pass's edge_grads
+// (target_from_edges_kernel): d alpha_dst [Nd, H] or d query [Nd, H, C].
+at::Tensor attention_backward_target_from_edges(
+    int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
+    const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
+    const at::Tensor& heavy_tile_ptr, int64_t tile_edges, const at::Tensor& row_order, int64_t num_busy_rows,
+    const at::Tensor& msg_src,
+    const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
+    const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
+    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& edge_grads) {
+  const char* op = kBackwardTargetFromEdges;
+  GNNIO_ENSURE(kind == kGat || kind == kDot, op, ": kind must be 0 (GAT) or 2 (dot), got ", kind);
+  const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
+  const RowSchedule schedule =
+      row_schedule(op, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
+  const RowOrder order = row_order_view(op, schedule, row_order, num_busy_rows);
+  check_graph(op, indices, eid, num_edges);
+  const Features f =
+      check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge);
+  check_tensor(op, "edge_grads", edge_grads, at::kFloat, {num_edges, f.heads});
+  const c10::cuda::CUDAGuard guard(msg_src.device());
+  const auto float_options = msg_src.options().dtype(at::kFloat);
+  const int64_t per_head = kind == kGat ? 1 : f.channels;
+  at::Tensor grad_dst = at::empty({num_dst, f.heads * per_head}, msg_src.options());
+  at::Tensor partial = at::empty({schedule.num_tiles, f.heads * per_head}, float_options);
+  const int vec = vector_width(f, {&grad_dst});
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
+    Params<scalar_t> p = make_params<scalar_t>(f, schedule, order, indices, eid, vec, 0.0, 1.0, 0.0, 0, 0);
+    p.edge_grads_in = edge_grads.data_ptr<float>();
+    p.grad_vec = kind == kDot ? grad_dst.data_ptr<scalar_t>() : nullptr;
+    p.grad_scalar = kind == kGat ? grad_dst.data_ptr<scalar_t>() : nullptr;
+    p.part_vec = partial.data_ptr<float>();
+    p.part_scalar = partial.data_ptr<float>();
+    if (kind == kGat && vec == 4) launch_resident(target_from_edges_kernel<kGat, 4, scalar_t>, p, stream);
+    if (kind == kGat && vec == 1) launch_resident(target_from_edges_kernel<kGat, 1, scalar_t>, p, stream);
+    if (kind == kDot && vec == 4) launch_resident(target_from_edges_kernel<kDot, 4, scalar_t>, p, stream);
+    if (kind == kDot && vec == 1) launch_resident(target_from_edges_kernel<kDot, 1, scalar_t>, p, stream);
+    sum_tiles(schedule, f.heads * per_head, partial, grad_dst);
+  });
+  if (kind == kDot) grad_dst = grad_dst.view({num_dst, f.heads, f.channels});
+  return grad_dst;
 }
 
 constexpr const char* kRowNorms = "gnnio::attention_row_norms";
 constexpr const char* kUnitRowsBackward = "gnnio::attention_unit_rows_backward";
+constexpr const char* kRowDots = "gnnio::attention_row_dots";
 
 void check_rows(const char* op, const char* name, const at::Tensor& t) {
   GNNIO_ENSURE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
@@ -1770,6 +1989,26 @@ at::Tensor attention_row_norms(const at::Tensor& x) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return norm;
+}
+
+// a, b [N, H, C] (offset [H, C]) -> <a, b - offset> per (node, head) fp32 [N, H].
+at::Tensor attention_row_dots(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& offset) {
+  check_rows(kRowDots, "a", a);
+  check_tensor(kRowDots, "b", b, a.scalar_type(), {a.size(0), a.size(1), a.size(2)});
+  if (offset.has_value()) check_tensor(kRowDots, "offset", *offset, a.scalar_type(), {a.size(1), a.size(2)});
+  const c10::cuda::CUDAGuard guard(a.device());
+  const int64_t rows = a.size(0) * a.size(1);
+  at::Tensor dots = at::empty({a.size(0), a.size(1)}, a.options().dtype(at::kFloat));
+  if (rows == 0 || a.size(2) == 0) return dots.zero_();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  GNNIO_DISPATCH_FEATURES(a.scalar_type(), kRowDots, [&] {
+    row_dots_kernel<scalar_t><<<unit_row_blocks((rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp), kWarpsPerBlock * kWarp,
+                                0, stream>>>(
+        a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), rows,
+        static_cast<int>(a.size(1)), static_cast<int>(a.size(2)), dots.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return dots;
 }
 
 // grad_x = (g - [|x| >= 1e-12] <g, u> u) / max(|x|, 1e-12), g = grad_unit, u = x / max(|x|, 1e-12).
@@ -1822,14 +2061,24 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT);
 //     src_scalar fp32 [Ns, H], dst_scalar fp32 [Nd, H]: the row norms |x_src|, |x_dst| (cosine)
 //   att [H, C] (GATv2) or beta fp32 [H] (cosine);  edge: [E, H] (GAT) or [E, H, C]
-// attention_forward -> (out [Nd, H, C], lse fp32 [Nd, H] (0 for empty rows),
+// attention_forward -> (out [Nd, H, C] (+ bias [H, C] when given: a layer's
+//   output bias, added at the store; backward never reads out), lse fp32 [Nd, H] (0 for empty rows),
 //   scores fp32 [E, H] raw scores when return_scores is 1, or 2 for -inf on
 //   dropped edges; [0, H] otherwise).
-// attention_backward_target -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
+// attention_backward_target (GATv2, cosine; GAT and dot may use it, see the
+//   from_edges pass) -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
 //   grad of att [H, C] (GATv2) or of beta fp32 [H] (cosine), else empty; delta fp32 [Nd, H]
 //   for the source pass).
 // attention_backward_source -> (grad of msg_src, grad of key_src (dot, else
-//   empty), grad of src_scalar (GAT, else empty), grad of edge (else empty)).
+//   empty), grad of src_scalar (GAT, else empty), grad of edge (else empty),
+//   edge_grads fp32 [E, H] in CSR slot order when edge_grad_slots (int64 [E]:
+//   the CSR slot of each CSC slot) is given, GAT and dot only: each edge's
+//   s_e = d z_e (GAT) or scale * d score_e (dot); else empty).
+// attention_backward_target_from_edges(kind 0 or 2, CSR graph, tensors,
+//   edge_grads) -> grad of dst_scalar [Nd, H] (GAT) or of dst_vec [Nd, H, C]
+//   (dot): sums over each target's in-edges of s_e (x key_s + edge_e).
+// attention_row_dots(a, b [N, H, C], offset [H, C] or None) -> <a, b - offset>
+//   fp32 [N, H] (delta from the saved output, less a bias the forward added).
 //   Cosine: the first holds the whole d out / d x_src (messages, scores, and
 //   F.normalize's backward; with key_src set to the target pass's d u_dst when
 //   x_dst is x_src, that too), the others are empty.
@@ -1844,19 +2093,21 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 
 TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def("attention_forward(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
-        "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores) "
-        "-> (Tensor, Tensor, Tensor)");
+        "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores, "
+        "Tensor? bias=None) -> (Tensor, Tensor, Tensor)");
   m.def("attention_forward_edge_balanced(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores, "
-        "Tensor slot_rows) -> (Tensor, Tensor, Tensor)");
+        "Tensor slot_rows, Tensor? bias=None) -> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_target(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "Tensor grad_out, Tensor lse, float negative_slope, float scale, float dropout, int seed, int offset) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_source(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "Tensor grad_out, Tensor lse, Tensor delta, float negative_slope, float scale, float dropout, int seed, "
-        "int offset) -> (Tensor, Tensor, Tensor, Tensor)");
+        "int offset, Tensor? edge_grad_slots) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("attention_backward_target_from_edges(int kind, " GNNIO_ATTENTION_GRAPH_ARGS "Tensor edge_grads) -> Tensor");
   m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
   m.def("attention_row_norms(Tensor x) -> Tensor");
+  m.def("attention_row_dots(Tensor a, Tensor b, Tensor? offset=None) -> Tensor");
   m.def("attention_unit_rows_backward(Tensor x, Tensor norm, Tensor grad_unit) -> Tensor");
 }
 
@@ -1865,6 +2116,8 @@ TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
   m.impl("attention_forward_edge_balanced", &gnnio::attention::attention_forward_edge_balanced);
   m.impl("attention_backward_target", &gnnio::attention::attention_backward_target);
   m.impl("attention_backward_source", &gnnio::attention::attention_backward_source);
+  m.impl("attention_backward_target_from_edges", &gnnio::attention::attention_backward_target_from_edges);
   m.impl("attention_row_norms", &gnnio::attention::attention_row_norms);
+  m.impl("attention_row_dots", &gnnio::attention::attention_row_dots);
   m.impl("attention_unit_rows_backward", &gnnio::attention::attention_unit_rows_backward);
 }

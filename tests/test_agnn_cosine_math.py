@@ -204,8 +204,8 @@ class FakeCosineKernels:
         return beta * cosine, cosine
 
     def attention_forward(self, *args):
-        (dst, src), (x_src, u_dst, n_src, beta), (_slope, scale, dropout, _seed, _offset, return_scores) = self._split(args)
-        assert dropout == 0.0
+        (dst, src), (x_src, u_dst, n_src, beta), (_slope, scale, dropout, _seed, _offset, return_scores, bias) = self._split(args)
+        assert dropout == 0.0 and bias is None  # AGNN has no output bias
         score, _ = self._scores(x_src, u_dst, n_src, beta, scale, src, dst)
         prob, lse = softmax_by_target(score, dst, u_dst.shape[0])
         out = scatter_rows(dst, prob.unsqueeze(-1) * x_src[src], u_dst.shape[0])
@@ -245,7 +245,7 @@ class FakeCosineKernels:
         unit = x_src / n_src.double().clamp_min(FLOOR).unsqueeze(-1)
         grad_x = grad_message + unit_rows_backward(grad_unit, unit, n_src.double())
         empty = torch.empty(0)
-        return grad_x.unsqueeze(1), empty, empty, empty
+        return grad_x.unsqueeze(1), empty, empty, empty, empty
 
     def attention_row_norms(self, x):
         return unit_rows(x)[1].float()

@@ -538,3 +538,60 @@ def test_agnn_row_norms_and_unit_rows_backward_match_f_normalize():
     grad_x = torch.ops.gnnio.attention_unit_rows_backward(x, norm, grad)
     expected_x = torch.autograd.grad(expected, x64, grad.double())[0]
     assert_rows_within(grad_x, expected_x, 1e-5, "grad x", floor=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,channels", [(1, 1), (3, 33), (4, 32), (2, 130)])
+def test_row_dots_match_fp64(heads, channels, dtype):
+    """attention_row_dots (delta = <grad_out, out - bias> of GAT's and Dot's backward) against fp64 torch."""
+    gen = torch.Generator().manual_seed(heads * 100 + channels)
+    a = randn(77, heads, channels, dtype=dtype, device="cuda", generator=gen)
+    b = randn(77, heads, channels, dtype=dtype, device="cuda", generator=gen)
+    dots = torch.ops.gnnio.attention_row_dots(a, b)
+    assert dots.dtype == torch.float32 and dots.shape == (77, heads)
+    assert relative_error(dots, (a.double() * b.double()).sum(-1)) <= 1e-6
+    offset = randn(heads, channels, dtype=dtype, device="cuda", generator=gen)
+    shifted = torch.ops.gnnio.attention_row_dots(a, b, offset)
+    assert relative_error(shifted, (a.double() * (b.double() - offset.double())).sum(-1)) <= 1e-6
+    with pytest.raises(RuntimeError, match=r"attention_row_dots: b must have shape"):
+        torch.ops.gnnio.attention_row_dots(a, b[:-1])
+
+
+def test_target_from_edges_refuses_other_kinds():
+    graph = small_graph().to("cuda")
+    inputs = make_inputs("gatv2", graph, 2, 8, torch.float32, seed=5)
+    call = attention_native._make_call(
+        attention_native.GATV2, graph, 2, torch.device("cuda"), negative_slope=0.2, scale=1.0, dropout=0.0,
+        training=False, return_attention=False, weights_after_dropout=True,
+    )  # fmt: skip
+    tensors = (inputs["x_src"].detach(), None, inputs["x_dst"].detach(), None, None, inputs["att"].detach(), None)
+    edge_grads = torch.ones(graph.num_edges, 2, device="cuda")
+    with pytest.raises(RuntimeError, match=r"attention_backward_target_from_edges: kind must be 0 \(GAT\) or 2"):
+        torch.ops.gnnio.attention_backward_target_from_edges(attention_native.GATV2, *call.csr_args(), *tensors, edge_grads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,channels", [(3, 33), (4, 32), (2, 16)])
+@pytest.mark.parametrize("kind", ["gat", "gatv2"])
+def test_output_bias_added_at_the_store(kind, heads, channels, dtype):
+    """bias [H, C] added by the forward's store (light rows, split rows' merge, empty rows, every layout)
+    equals out + bias; its gradient is grad_out's column sums and the other gradients are unchanged."""
+    graph = small_graph().to("cuda")
+    inputs = make_inputs(kind, graph, heads, channels, dtype, seed=heads * 10 + channels)
+    bias = randn(heads, channels, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(7)).requires_grad_()
+    grad_out = randn(graph.num_dst_nodes, heads, channels, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(8))
+    biased, _ = run(kind, graph, inputs, "native", bias=bias)
+    plain, _ = run(kind, graph, inputs, "native")
+    assert relative_error(biased.float(), plain.float() + bias.float()) <= torch.finfo(dtype).eps
+    names = list(inputs)
+    with_bias = torch.autograd.grad(biased, [inputs[n] for n in names] + [bias], grad_out)
+    without = torch.autograd.grad(plain, [inputs[n] for n in names], grad_out)
+    for name, a, b in zip(names, with_bias, without):
+        if kind == "gat" and dtype == torch.float32:
+            # fp32 GAT's backward takes delta from the saved output less the bias: (out + bias) - bias
+            # is out to fp32 rounding, not bit for bit
+            assert relative_error(a, b) <= 1e-5, name
+        else:
+            assert torch.equal(a, b), name  # backward never reads the output
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the column sums rounded once to bf16
+    assert relative_error(with_bias[-1].float(), grad_out.float().sum(0)) <= tolerance

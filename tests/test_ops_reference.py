@@ -351,6 +351,19 @@ def test_attention_gradcheck(kind, bipartite):
     assert torch.autograd.gradcheck(run, tuple(inputs.values()))
 
 
+@pytest.mark.parametrize("kind", ["gat", "gatv2"])
+def test_attention_output_bias_is_added_to_every_row(graph, kind):
+    """bias [H, C] joins every output row (empty rows get the bias alone); weights are unchanged."""
+    inputs = attention_inputs(graph, seed=33)[kind]
+    bias = randn(HEADS, CHANNELS, dtype=torch.float64, generator=torch.Generator().manual_seed(34))
+    out, alpha = ATTENTION_OPS[kind](graph, **inputs, return_attention=True)
+    biased, biased_alpha = ATTENTION_OPS[kind](graph, **inputs, return_attention=True, bias=bias)
+    assert_close(biased, out + bias, atol=0, rtol=0)
+    assert_close(biased_alpha, alpha, atol=0, rtol=0)
+    with pytest.raises(GnnioError, match=rf"{kind}_attention: bias must have shape \[H, C\] = \({HEADS}, {CHANNELS}\), got \({HEADS * CHANNELS},\)"):
+        ATTENTION_OPS[kind](graph, **inputs, bias=bias.view(-1))
+
+
 def test_attention_softmax_is_stable_for_huge_scores():
     graph = GRAPHS[0][1]
     inputs = attention_inputs(graph, seed=51)["gat"]

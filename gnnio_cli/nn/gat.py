@@ -11,7 +11,7 @@ from torch.nn import Parameter
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, EdgesInput, FillValue, with_self_loops
 from gnnio_cli.nn.base import ConvBase, NodeFeatures, Size, returned_edges, split_pair
-from gnnio_cli.nn.linear import Linear, add_bias, glorot_, zeros_
+from gnnio_cli.nn.linear import Linear, add_bias, glorot_, project_shared, zeros_
 from gnnio_cli.ops import attention
 
 AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
@@ -86,6 +86,15 @@ class _AttentionConv(ConvBase):
             edge_attr = edge_attr.view(-1, 1)
         return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
 
+    def _attention_bias(self, messages: Tensor, residual: Optional[Tensor]) -> Optional[Tensor]:
+        """The output bias as [H, C] for the attention op to add as it stores each row, where that is
+        the same sum as PyG's (heads concatenated, no residual added before it, the messages' dtype);
+        else None and _finish adds it."""
+        bias = self.bias
+        if bias is None or not self.concat or residual is not None or bias.dtype != messages.dtype:
+            return None
+        return bias.view(self.heads, self.out_channels)
+
     def _finish(
         self,
         out: Tensor,
@@ -94,12 +103,13 @@ class _AttentionConv(ConvBase):
         edge_index: EdgesInput,
         adjacency: Adjacency,
         return_attention_weights: Optional[bool],
+        bias_added: bool,
     ) -> AttentionOutput:
-        """Heads concat/mean, residual, bias, and PyG's return structure."""
+        """Heads concat/mean, residual, bias (unless the attention op added it), and PyG's return structure."""
         out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if residual is not None:
             out = out + residual
-        if self.bias is not None:
+        if self.bias is not None and not bias_added:
             out = add_bias(out, self.bias)
         if not return_attention_weights:
             return out
@@ -212,6 +222,7 @@ class GATConv(_AttentionConv):
         adjacency, edge_attr = self._edges_with_loops(edge_index, adjacency, num_loops, edge_attr)
         edge_features = self._projected_edges(edge_attr)
         edge_alpha = None if edge_features is None else (edge_features * self.att_edge).sum(dim=-1)
+        bias = self._attention_bias(h_src, residual)
         result = attention.gat_attention(
             adjacency.graph,
             h_src,
@@ -222,9 +233,10 @@ class GATConv(_AttentionConv):
             dropout=self.dropout,
             training=self.training,
             return_attention=bool(return_attention_weights),
+            bias=bias,
         )
         out, alpha = result if return_attention_weights else (result, None)
-        return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights)
+        return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights, bias is not None)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
@@ -299,16 +311,19 @@ class GATv2Conv(_AttentionConv):
         if x_src.dim() != 2 or x_dst is None:
             raise GnnioError("GATv2Conv: needs node features [N, F] or a pair of them (x_dst may not be None)")
         residual = self.res(x_dst) if self.res is not None else None
-        h_src = self.lin_l(x_src).view(-1, heads, channels)
         if isinstance(x, Tensor) and self.share_weights:
-            h_dst = h_src
+            h_src = h_dst = self.lin_l(x_src).view(-1, heads, channels)
+        elif x_src is x_dst:
+            h_src, h_dst = (h.view(-1, heads, channels) for h in project_shared(x_src, self.lin_l, self.lin_r))
         else:
+            h_src = self.lin_l(x_src).view(-1, heads, channels)
             h_dst = self.lin_r(x_dst).view(-1, heads, channels)
         if edge_attr is not None and self.lin_edge is None:
             raise GnnioError("GATv2Conv: edge_attr was given but the layer has no edge_dim; construct it with edge_dim")
         adjacency = self.adjacency(edge_index, x_src, x_dst)
         num_loops = min(x_src.shape[0], x_dst.shape[0])
         adjacency, edge_attr = self._edges_with_loops(edge_index, adjacency, num_loops, edge_attr)
+        bias = self._attention_bias(h_src, residual)
         result = attention.gatv2_attention(
             adjacency.graph,
             h_src,
@@ -319,9 +334,10 @@ class GATv2Conv(_AttentionConv):
             dropout=self.dropout,
             training=self.training,
             return_attention=bool(return_attention_weights),
+            bias=bias,
         )
         out, alpha = result if return_attention_weights else (result, None)
-        return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights)
+        return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights, bias is not None)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -58,6 +58,7 @@ def gat_attention(
     dropout: float = 0.0,
     training: bool = False,
     return_attention: bool = False,
+    bias: Optional[torch.Tensor] = None,
 ) -> AttentionResult:
     """GATConv's attention aggregation (additive score).
 
@@ -66,6 +67,8 @@ def gat_attention(
     alpha_dst:  [num_dst, H] per-target score term.
     edge_alpha: optional [E, H] per-edge score term, eid order.
     score[e, h] = leaky_relu(alpha_src[s, h] + alpha_dst[t, h] + edge_alpha[e, h], negative_slope)
+    bias:       optional [H, C] added to every output row (a layer's output bias; the kernels add it as
+                they store the row, saving a pass over the output).
     Returns out [num_dst, H, C], and with return_attention alpha [E, H] (after dropout).
     """
     op = "gat_attention"
@@ -75,11 +78,12 @@ def gat_attention(
     check_tensor(op, "alpha_dst", alpha_dst, graph, "[N, H]", (graph.num_dst_nodes, heads))
     if edge_alpha is not None:
         check_tensor(op, "edge_alpha", edge_alpha, graph, "[E, H]", (graph.num_edges, heads))
-    check_same_dtype(op, x_src=x_src, alpha_src=alpha_src, alpha_dst=alpha_dst, edge_alpha=edge_alpha)
+    _check_bias(op, bias, x_src)
+    check_same_dtype(op, x_src=x_src, alpha_src=alpha_src, alpha_dst=alpha_dst, edge_alpha=edge_alpha, bias=bias)
 
-    backend = dispatch.pick(op, x_src, alpha_src, alpha_dst, edge_alpha)
-    if backend == "native" and attention_native.supports(x_src, alpha_src, alpha_dst, edge_alpha, return_attention=return_attention):
-        return attention_native.gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention)
+    backend = dispatch.pick(op, x_src, alpha_src, alpha_dst, edge_alpha, bias)
+    if backend == "native" and attention_native.supports(x_src, alpha_src, alpha_dst, edge_alpha, bias, return_attention=return_attention):
+        return attention_native.gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention, bias)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)
@@ -88,9 +92,10 @@ def gat_attention(
         scores = scores + eid_to_slot(graph, edge_alpha).to(compute)
     scores = F.leaky_relu(scores, negative_slope)
     messages = x_src.to(compute).index_select(0, sources)
-    return _softmax_aggregate(
+    result = _softmax_aggregate(
         graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )
+    return _with_bias(result, bias)
 
 
 def gatv2_attention(
@@ -104,6 +109,7 @@ def gatv2_attention(
     dropout: float = 0.0,
     training: bool = False,
     return_attention: bool = False,
+    bias: Optional[torch.Tensor] = None,
 ) -> AttentionResult:
     """GATv2Conv's attention aggregation (LeakyReLU inside the score).
 
@@ -112,6 +118,7 @@ def gatv2_attention(
     att:       [H, C] attention vector.
     edge_feat: optional [E, H, C] projected edge features, eid order.
     score[e, h] = sum_c att[h, c] * leaky_relu(x_src[s, h, c] + x_dst[t, h, c] + edge_feat[e, h, c])
+    bias:      optional [H, C] added to every output row (as gat_attention's).
     Returns out [num_dst, H, C], and with return_attention alpha [E, H] (after dropout).
     """
     op = "gatv2_attention"
@@ -122,11 +129,12 @@ def gatv2_attention(
     check_tensor(op, "att", att, graph, "[H, C]", (heads, channels))
     if edge_feat is not None:
         check_tensor(op, "edge_feat", edge_feat, graph, "[E, H, C]", (graph.num_edges, heads, channels))
-    check_same_dtype(op, x_src=x_src, x_dst=x_dst, att=att, edge_feat=edge_feat)
+    _check_bias(op, bias, x_src)
+    check_same_dtype(op, x_src=x_src, x_dst=x_dst, att=att, edge_feat=edge_feat, bias=bias)
 
-    backend = dispatch.pick(op, x_src, x_dst, att, edge_feat)
-    if backend == "native" and attention_native.supports(x_src, x_dst, att, edge_feat, return_attention=return_attention):
-        return attention_native.gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention)
+    backend = dispatch.pick(op, x_src, x_dst, att, edge_feat, bias)
+    if backend == "native" and attention_native.supports(x_src, x_dst, att, edge_feat, bias, return_attention=return_attention):
+        return attention_native.gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention, bias)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)
@@ -135,9 +143,10 @@ def gatv2_attention(
     if edge_feat is not None:
         hidden = hidden + eid_to_slot(graph, edge_feat).to(compute)
     scores = (F.leaky_relu(hidden, negative_slope) * att.to(compute)).sum(-1)
-    return _softmax_aggregate(
+    result = _softmax_aggregate(
         graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )
+    return _with_bias(result, bias)
 
 
 def transformer_attention(
@@ -243,6 +252,27 @@ def _check_heads(op: str, name: str, tensor: torch.Tensor, graph: Graph, num_nod
     """Check a [N, H, C] tensor; return H."""
     check_tensor(op, name, tensor, graph, "[N, H, C]", (num_nodes, None, None))
     return tensor.shape[1]
+
+
+def _check_bias(op: str, bias: Optional[torch.Tensor], x: torch.Tensor) -> None:
+    """An output bias is [H, C] like one row of the [N, H, C] output, on its device."""
+    if bias is None:
+        return
+    heads, channels = x.shape[1], x.shape[2]
+    if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (heads, channels):
+        got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise GnnioError(f"{op}: bias must have shape [H, C] = ({heads}, {channels}), got {got}")
+    if bias.device != x.device:
+        raise GnnioError(f"{op}: bias is on {bias.device} but the features are on {x.device}")
+
+
+def _with_bias(result: AttentionResult, bias: Optional[torch.Tensor]) -> AttentionResult:
+    """The reference path's output bias: out + bias, the weights (if returned) untouched."""
+    if bias is None:
+        return result
+    if isinstance(result, tuple):
+        return result[0] + bias, result[1]
+    return result + bias
 
 
 def _check_dropout(op: str, dropout: float) -> None:

@@ -7,7 +7,10 @@ only the inputs and ``lse[t, h]`` (log of the softmax denominator) are kept for
 backward, which recomputes the scores: once along the CSR for the target-side
 gradients and ``delta[t, h] = <grad_out[t, h], out[t, h]>`` (summed in fp32 from
 the recomputed terms, never from a rounded 16-bit output), once along the CSC
-for the source-side and per-edge ones. Results are deterministic (no atomics).
+for the source-side and per-edge ones. GAT and the dot product in fp32 keep
+the output too and go the other way round (see :func:`_source_first`). Results
+are deterministic (no atomics). A layer's output bias can be added by the
+forward as it stores each row (``bias``), one pass over the output fewer.
 
 Schedule, chosen per graph from its degree profile and cached on the Graph:
 rows with at most ``tile_edges`` in-edges are handled by one warp each;
@@ -204,6 +207,18 @@ def slot_rows(graph: Graph) -> torch.Tensor:
     return graph.cached(("attention_slot_rows",), build)
 
 
+def edge_grad_slots(graph: Graph) -> torch.Tensor:
+    """int64 [E]: the CSR slot of each CSC slot, cached on the graph. GAT's and DOT's source pass
+    writes each edge's score gradient there, so the target pass reads a row's as one run."""
+
+    def build() -> torch.Tensor:
+        csr_slot_of_eid = torch.empty_like(graph.csr_eid)
+        csr_slot_of_eid[graph.csr_eid] = torch.arange(graph.num_edges, device=graph.csr_eid.device)
+        return csr_slot_of_eid.index_select(0, graph.csc_eid)
+
+    return graph.cached(("attention_edge_grad_slots",), build)
+
+
 def row_schedule(graph: Graph, side: str, tile_edges: Optional[int] = None) -> RowSchedule:
     """The cached schedule of the graph's 'csr' (target rows) or 'csc' (source rows); tile_edges None = chosen."""
     indptr = graph.csr_indptr if side == "csr" else graph.csc_indptr
@@ -242,14 +257,14 @@ class _Call:
     def schedule_name(self) -> str:
         return f"{EDGE_BALANCED} scores + fused {self.csr.name}" if self.slot_rows is not None else f"fused {self.csr.name}"
 
-    def forward(self, tensors: tuple) -> tuple:
-        """(out, lse, scores) of the forward op this call's schedule names."""
+    def forward(self, tensors: tuple, bias: Optional[torch.Tensor] = None) -> tuple:
+        """(out, lse, scores) of the forward op this call's schedule names; out + bias [H, C] when given."""
         if self.slot_rows is None:
             return torch.ops.gnnio.attention_forward(
-                self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores
+                self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, bias
             )
         return torch.ops.gnnio.attention_forward_edge_balanced(
-            self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, self.slot_rows
+            self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, self.slot_rows, bias
         )
 
     def csr_args(self) -> tuple:
@@ -264,35 +279,67 @@ class _Call:
         return self.negative_slope, self.scale, self.dropout, self.seed, self.offset
 
 
+def _source_first(kind: int, dtype: torch.dtype) -> bool:
+    """Whether the backward runs the source pass first (GAT and DOT in fp32) or the target pass first.
+
+    GAT's and DOT's target-side gradients are linear in the per-edge score
+    gradients, which the source pass then writes ([E, H] fp32, CSR slot order), so
+    the target pass gathers one row per edge (DOT's key) or none (GAT) instead of
+    recomputing every score from two. The source pass needs delta = <grad_out, out>
+    first: it comes from the saved output (one more [Nd, H, C] tensor kept for
+    backward, 512 MiB on rmat20). H100, rmat20, fp32 fwd+bwd (run 49): GAT 7.46
+    against 7.62 ms, Transformer 11.87 against 12.43; TransformerConv's training
+    step peaks at 3,921 MiB. A 16-bit output is rounded, and that rounding would
+    reach d score = p * (dp - delta), where dp and delta nearly cancel: 16-bit
+    features keep the target pass first, which sums delta from the recomputed
+    terms. GATv2's and AGNN's target passes gather one row per edge either way.
+    """
+    return kind in (GAT, DOT) and dtype == torch.float32
+
+
 class _FusedAttention(torch.autograd.Function):
-    """Tensors (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge) -> (out, lse, scores).
+    """Tensors (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge), bias -> (out, lse, scores).
 
     Roles per kind: GAT (msg_src=x_src, src_scalar=alpha_src, dst_scalar=alpha_dst,
     edge=edge_alpha), GATv2 (msg_src=x_src, dst_vec=x_dst, att, edge=edge_feat),
-    DOT (msg_src=value, key_src=key, dst_vec=query, edge=edge_feat). lse and
-    scores carry no gradient.
+    DOT (msg_src=value, key_src=key, dst_vec=query, edge=edge_feat). bias: None,
+    or a layer's output bias [H, C] that the forward adds at its store (backward
+    never reads out, so it needs no bias-free copy). lse and scores carry no gradient.
     """
 
     @staticmethod
-    def forward(ctx, call: _Call, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge):
+    def forward(ctx, call: _Call, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge, bias):
         tensors = (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge)
-        out, lse, scores = call.forward(tensors)
+        out, lse, scores = call.forward(tensors, bias)
         ctx.call = call
-        ctx.save_for_backward(*tensors, lse)
+        # GAT and DOT take delta = <grad_out, out - bias> from the output itself (see _source_first)
+        source_first = _source_first(call.kind, msg_src.dtype)
+        ctx.save_for_backward(*tensors, lse, out if source_first else None, bias if source_first else None)
         ctx.mark_non_differentiable(lse, scores)
         return out, lse, scores
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse, _grad_scores):
         call: _Call = ctx.call
-        *tensors, lse = ctx.saved_tensors
+        *tensors, lse, out, bias = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        grad_dst, grad_att, delta = torch.ops.gnnio.attention_backward_target(
-            call.kind, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
-        )
-        grad_msg, grad_key, grad_src_scalar, grad_edge = torch.ops.gnnio.attention_backward_source(
-            call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args()
-        )
+        if out is not None:
+            delta = torch.ops.gnnio.attention_row_dots(grad_out, out, bias)
+            grad_msg, grad_key, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.attention_backward_source(
+                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(),
+                edge_grad_slots(call.graph),
+            )
+            grad_dst = torch.ops.gnnio.attention_backward_target_from_edges(
+                call.kind, *call.csr_args(), *tensors, edge_grads
+            )
+            grad_att = None
+        else:
+            grad_dst, grad_att, delta = torch.ops.gnnio.attention_backward_target(
+                call.kind, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
+            )
+            grad_msg, grad_key, grad_src_scalar, grad_edge, _ = torch.ops.gnnio.attention_backward_source(
+                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(), None
+            )
         has_edge = tensors[6] is not None
         if call.kind == GAT:
             grads = (grad_msg, None, None, grad_src_scalar, grad_dst, None, grad_edge if has_edge else None)
@@ -300,7 +347,12 @@ class _FusedAttention(torch.autograd.Function):
             grads = (grad_msg, None, grad_dst, None, None, grad_att, grad_edge if has_edge else None)
         else:
             grads = (grad_msg, grad_key, grad_dst, None, None, None, grad_edge if has_edge else None)
-        return (None, *grads)
+        grad_bias = None
+        if ctx.needs_input_grad[8]:
+            from gnnio_cli.nn.linear import bias_gradient  # here: gnnio_cli.nn imports this module
+
+            grad_bias = bias_gradient(grad_out.view(grad_out.shape[0], -1)).view(grad_out.shape[1:])
+        return (None, *grads, grad_bias)
 
 
 def _make_call(
@@ -341,11 +393,13 @@ def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: 
     return out, _attention_weights(call.graph, scores, lse, dropout, out.dtype)
 
 
-def _run(op: str, kind: int, graph: Graph, tensors: tuple, **call_options):
-    """Run the fused op with :func:`_make_call`'s keyword options; returns out or (out, alpha [E, H] in eid order)."""
+def _run(op: str, kind: int, graph: Graph, tensors: tuple, bias: Optional[torch.Tensor] = None, **call_options):
+    """Run the fused op with :func:`_make_call`'s keyword options; returns out (+ bias [H, C] when given) or
+    (out, alpha [E, H] in eid order)."""
     tensors = tuple(None if t is None else t.contiguous() for t in tensors)
+    bias = None if bias is None else bias.contiguous()
     call = _make_call(kind, graph, tensors[0].shape[1], tensors[0].device, **call_options)
-    out, lse, scores = _FusedAttention.apply(call, *tensors)
+    out, lse, scores = _FusedAttention.apply(call, *tensors, bias)
     return _finish(op, call, out, lse, scores, call_options["return_attention"])
 
 
@@ -359,19 +413,21 @@ def _attention_weights(graph: Graph, scores: torch.Tensor, lse: torch.Tensor, dr
 
 
 # ------------------------------------------------------------- public ops
-def gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention):
+def gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention,
+                  bias=None):
     """Fused :func:`gnnio_cli.ops.attention.gat_attention` (same arguments and result)."""
     return _run(
-        "gat_attention", GAT, graph, (x_src, None, None, alpha_src, alpha_dst, None, edge_alpha),
+        "gat_attention", GAT, graph, (x_src, None, None, alpha_src, alpha_dst, None, edge_alpha), bias,
         negative_slope=negative_slope, scale=1.0, dropout=dropout, training=training,
         return_attention=return_attention, weights_after_dropout=True,
     )  # fmt: skip
 
 
-def gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention):
+def gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention,
+                    bias=None):
     """Fused :func:`gnnio_cli.ops.attention.gatv2_attention` (same arguments and result)."""
     return _run(
-        "gatv2_attention", GATV2, graph, (x_src, None, x_dst, None, None, att, edge_feat),
+        "gatv2_attention", GATV2, graph, (x_src, None, x_dst, None, None, att, edge_feat), bias,
         negative_slope=negative_slope, scale=1.0, dropout=dropout, training=training,
         return_attention=return_attention, weights_after_dropout=True,
     )  # fmt: skip
@@ -425,8 +481,8 @@ class _CosineAttention(torch.autograd.Function):
         )
         # The source pass returns d x_src whole; when x_dst is x_src it also takes d u_dst (key_src's slot).
         source_tensors = (x_src, grad_unit_dst if ctx.shared else None, *tensors[2:])
-        grad_src, _, _, _ = torch.ops.gnnio.attention_backward_source(
-            COSINE, *call.csc_args(), *source_tensors, grad_out, lse, delta, *call.score_args()
+        grad_src, *_ = torch.ops.gnnio.attention_backward_source(
+            COSINE, *call.csc_args(), *source_tensors, grad_out, lse, delta, *call.score_args(), None
         )
         grad_dst = None
         if not ctx.shared:
