@@ -98,8 +98,11 @@ struct Params {
 
   // backward inputs and outputs
   const scalar_t* grad_out;
-  const float* lse_in;
-  const float* delta_in;
+  const float* lse_in;  // target pass
+  // source pass: per (target, head) its softmax statistics, [Nd, H, stats_width] fp32:
+  // (lse, delta), and |x_dst| third for Cosine (width 4); one gathered sector per edge
+  const float* row_stats;
+  int stats_width;
   scalar_t* grad_vec;     // target pass: d query / d x_dst; source pass: d value / d x_src
   scalar_t* grad_vec2;    // source pass, Dot: d key
   scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
@@ -1046,9 +1049,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       for (int u = 0; u < U; ++u) {
         load_row<VEC>(p.grad_out, neighbour[u], geo, lane, grad[u]);
         if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, neighbour[u], geo, lane, target[u]);
-        row_lse[u] = load_scalar(p.lse_in, neighbour[u], geo, lane.head, lane.head_ok);
-        row_delta[u] = load_scalar(p.delta_in, neighbour[u], geo, lane.head, lane.head_ok);
-        if constexpr (KIND == kCosine) target_inverse_norm[u] = inverse_norm_of<VEC>(p.dst_norm, neighbour[u], geo, lane);
+        const float* stats =
+            p.row_stats + (static_cast<uint64_t>(static_cast<uint32_t>(neighbour[u])) * geo.heads + lane.head) *
+                              static_cast<uint32_t>(p.stats_width);
+        const float2 lse_delta = lane.head_ok ? *reinterpret_cast<const float2*>(stats) : make_float2(0.f, 0.f);
+        row_lse[u] = lse_delta.x;
+        row_delta[u] = lse_delta.y;
+        if constexpr (KIND == kCosine) target_inverse_norm[u] = 1.f / clamped_norm(lane.head_ok ? stats[2] : 0.f);
         if constexpr (KIND == kGat) z[u] = alpha_src + load_scalar(p.dst_scalar, neighbour[u], geo, lane.head, lane.head_ok);
       }
       if constexpr (KIND == kDot) {
@@ -1874,6 +1881,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   const int64_t tiles = schedule.num_tiles;
 
   at::Tensor edge_grads = at::empty({want_edge_grads ? num_edges : 0, f.heads}, float_options);
+  // (lse, delta[, |x_dst|, padding]) side by side: the pass gathers them for every edge
+  const at::Tensor row_stats =
+      kind == kCosine ? at::stack({lse, delta, *dst_scalar, lse}, -1) : at::stack({lse, delta}, -1);
   at::Tensor grad_msg = at::empty({num_src, f.heads, f.channels}, msg_src.options());
   // Cosine: d u_src through the scores, kept only for the heavy rows' node pass (the light rows' is folded in)
   const bool has_key = kind == kDot || kind == kCosine;
@@ -1891,8 +1901,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     Params<scalar_t> p =
         make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     p.grad_out = grad_out.data_ptr<scalar_t>();
-    p.lse_in = lse.data_ptr<float>();
-    p.delta_in = delta.data_ptr<float>();
+    p.row_stats = row_stats.data_ptr<float>();
+    p.stats_width = static_cast<int>(row_stats.size(2));
     p.grad_vec = grad_msg.data_ptr<scalar_t>();
     p.grad_vec2 = has_key ? grad_key.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_scalar.data_ptr<scalar_t>() : nullptr;
