@@ -2072,11 +2072,11 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //     src_scalar fp32 [Ns, H], dst_scalar fp32 [Nd, H]: the row norms |x_src|, |x_dst| (cosine)
 //   att [H, C] (GATv2) or beta fp32 [H] (cosine);  edge: [E, H] (GAT) or [E, H, C]
 // attention_forward -> (out [Nd, H, C] (+ bias [H, C] when given: a layer's
-//   output bias, added at the store; backward never reads out), lse fp32 [Nd, H] (0 for empty rows),
+//   output bias, added at the store), lse fp32 [Nd, H] (0 for empty rows),
 //   scores fp32 [E, H] raw scores when return_scores is 1, or 2 for -inf on
 //   dropped edges; [0, H] otherwise).
-// attention_backward_target (GATv2, cosine; GAT and dot may use it, see the
-//   from_edges pass) -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
+// attention_backward_target (every kind; the host runs GAT and dot in fp32
+//   through attention_backward_target_from_edges instead) -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
 //   grad of att [H, C] (GATv2) or of beta fp32 [H] (cosine), else empty; delta fp32 [Nd, H]
 //   for the source pass).
 // attention_backward_source -> (grad of msg_src, grad of key_src (dot, else

@@ -327,15 +327,14 @@ __device__ __forceinline__ void for_each_batched_work_item(const RowSchedule& s,
 }
 
 // The order in which a subwarp first pass takes the light rows: `rows`
-// (int64 [count], e.g. by descending degree, so the rows sharing a warp are
-// about as long and no group idles behind its neighbour) or, with rows
-// null, 0 .. num_rows - 1 (heavy rows skipped). With `with_bounds`, rows is
-// [count, 3]: each row with its first and end slot, read together: a row
-// then waits on one load for its bounds, not on its id and then on indptr.
+// (int64 [count, 3], e.g. by descending degree, so the rows sharing a warp
+// are about as long and no group idles behind its neighbour: each row with
+// its first and end slot, read together, so a row waits on one load for its
+// bounds, not on its id and then on indptr) or, with rows null,
+// 0 .. num_rows - 1 (heavy rows skipped).
 struct LightRows {
   const int64_t* rows;
   int64_t count;
-  bool with_bounds;
 };
 
 // Work items of a subwarp first pass: the tiles (one warp each), then the
@@ -352,14 +351,14 @@ __device__ __forceinline__ bool subwarp_row(const RowSchedule& s, const LightRow
                                             int64_t warp, WorkItem& item) {
   const int64_t index = (warp - s.num_tiles) * groups.rows_per_warp + groups.group;
   if (index >= light.count) return false;
-  if (light.with_bounds) {
+  if (light.rows != nullptr) {
     item.row = light.rows[3 * index];
     item.begin = light.rows[3 * index + 1];
     item.end = light.rows[3 * index + 2];
   } else {
-    item.row = light.rows != nullptr ? light.rows[index] : index;
-    item.begin = s.indptr[item.row];
-    item.end = s.indptr[item.row + 1];
+    item.row = index;
+    item.begin = s.indptr[index];
+    item.end = s.indptr[index + 1];
   }
   item.row_begin = item.begin;
   item.partial = -1;
@@ -417,20 +416,19 @@ inline RowSchedule row_schedule(const char* op, const at::Tensor& indptr, int64_
                      tile_row.numel(),               heavy_rows.numel(),            tile_edges};
 }
 
-// Host side: the optional light-row order of a subwarp op (int64 [L], or
-// [L, 3] with each row's indptr bounds, L <= num_rows, on x's device), or
-// natural order. The bounds must be the CSR's own (not checked: a copy).
+// Host side: the optional light-row order of a subwarp op (int64 [L, 3]:
+// each row with its indptr bounds, L <= num_rows, on x's device), or natural
+// order. The bounds must be the CSR's own (not checked: a copy).
 inline LightRows light_rows(const char* op, const std::optional<at::Tensor>& row_order, const at::Tensor& x,
                             int64_t num_rows) {
-  if (!row_order.has_value()) return LightRows{nullptr, num_rows, false};
+  if (!row_order.has_value()) return LightRows{nullptr, num_rows};
   const at::Tensor& rows = *row_order;
   GNNIO_ENSURE(rows.device() == x.device(), op, ": row_order is on ", rows.device(), " but x is on ", x.device());
   GNNIO_ENSURE(rows.scalar_type() == at::kLong, op, ": row_order must be int64, got ", rows.scalar_type());
-  const bool with_bounds = rows.dim() == 2 && rows.size(1) == 3;
-  GNNIO_ENSURE((rows.dim() == 1 || with_bounds) && rows.is_contiguous() && rows.size(0) <= num_rows, op,
-              ": row_order must be a contiguous [L] or [L, 3] tensor of at most num_rows = ", num_rows,
-              " rows, got shape ", rows.sizes());
-  return LightRows{rows.data_ptr<int64_t>(), rows.size(0), with_bounds};
+  GNNIO_ENSURE(rows.dim() == 2 && rows.size(1) == 3 && rows.is_contiguous() && rows.size(0) <= num_rows, op,
+              ": row_order must be a contiguous [L, 3] tensor (row, first slot, end slot) of at most num_rows = ",
+              num_rows, " rows, got shape ", rows.sizes());
+  return LightRows{rows.data_ptr<int64_t>(), rows.size(0)};
 }
 
 // Check the feature matrix [rows, width]: CUDA, contiguous, 2-d.

@@ -30,10 +30,10 @@ TORCH_LIBRARY(gnnio, m) {
   // segment_sum for fp16/bf16 x of at most 128 features, a multiple of 8, 16-byte
   // aligned: the same result up to summation order (fp32, rounded once, also
   // deterministic), with each light row given a group of F / 8 lanes, so one
-  // warp sums several rows at once. row_order: int64 [L], every light row (at
-  // most tile_edges slots) once, in the order the warps take them (e.g. by
-  // descending degree), or [L, 3]: each with its indptr bounds (one load per
-  // row instead of two in turn); None: row order. row_scale: optional fp32 [R] for
+  // warp sums several rows at once. row_order: int64 [L, 3], every light row
+  // (at most tile_edges slots) once with its indptr bounds (one load per row
+  // instead of two in turn), in the order the warps take them (e.g. by
+  // descending degree); None: row order. row_scale: optional fp32 [R] for
   // operators whose slots of row r all hold values[k] == row_scale[r] (mean):
   // the light rows then sum plainly and scale once; tiles still read values.
   // diagonal: as segment_sum's (not combined with row_scale).

@@ -896,10 +896,10 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   // segment_extremum_masked for fp16/bf16 x of at most 128 features, a
   // multiple of 8, 16-byte aligned, and tile_edges < 65,535: the same outputs
   // and masks, bit for bit, with each light row given a group of F / 8 lanes,
-  // so one warp scans several rows at once. row_order: int64 [L], every
-  // light row (at most tile_edges slots) once, in the order the warps take
-  // them (e.g. by descending degree), or [L, 3] with each row's indptr
-  // bounds (as segment_sum_subwarp's); None: row order.
+  // so one warp scans several rows at once. row_order: int64 [L, 3], every
+  // light row (at most tile_edges slots) once with its indptr bounds, in the
+  // order the warps take them (e.g. by descending degree; as
+  // segment_sum_subwarp's); None: row order.
   m.def(
       "segment_extremum_masked_subwarp(Tensor indptr, Tensor indices, Tensor x, int num_rows, bool is_min, "
       "Tensor tile_row, Tensor tile_start, Tensor heavy_rows, Tensor heavy_tile_ptr, int tile_edges, "

@@ -268,7 +268,7 @@ SUBWARP_KERNELS = ("subwarp", "subwarp-sorted")
 
 def extremum_ops(graph: Graph, x: torch.Tensor, is_min: bool, by_degree: bool, with_masks: bool = True):
     """(out, masks) of the warp kernel and, where x fits it, of the subwarp kernel (light rows in row order, or
-    by descending degree, given as ids and as ids with their bounds) on the same sorted rows and schedule."""
+    by descending degree, with their bounds) on the same sorted rows and schedule."""
     from gnnio_cli.ops.attention_native import row_order, row_schedule
 
     schedule = row_schedule(graph, "csr")
@@ -277,7 +277,7 @@ def extremum_ops(graph: Graph, x: torch.Tensor, is_min: bool, by_degree: bool, w
     order = row_order(graph, "csr", schedule)
     results = [torch.ops.gnnio.segment_extremum_masked(*args, with_masks)]
     if spmm_native.fits_subwarp(x):
-        for rows in (order.rows, order.with_bounds) if by_degree else (None,):
+        for rows in (order.with_bounds,) if by_degree else (None,):
             results.append(torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows, with_masks))
     return results
 
@@ -415,7 +415,7 @@ def test_opcheck_subwarp_extremum():
     x = randn(graph.num_src_nodes, 64, dtype=torch.bfloat16, device="cuda", generator=torch.Generator().manual_seed(55))
     args = (graph.csr_indptr, reduce_native.sorted_rows(graph).indices, x, graph.num_dst_nodes, True, *schedule.args())
     order = row_order(graph, "csr", schedule)
-    for rows in (None, order.rows, order.with_bounds):
+    for rows in (None, order.with_bounds):
         torch.library.opcheck(
             torch.ops.gnnio.segment_extremum_masked_subwarp.default, (*args, rows),
             test_utils=("test_schema", "test_faketensor"),

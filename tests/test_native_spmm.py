@@ -369,7 +369,7 @@ def test_opcheck_segment_sum_and_cusparse():
     )
     row_scale = torch.rand(graph.num_dst_nodes, device="cuda", generator=torch.Generator("cuda").manual_seed(13))
     order = row_order(graph, "csr", schedule)
-    for rows, scale in ((None, None), (order.rows, None), (order.with_bounds, None), (None, row_scale)):
+    for rows, scale in ((None, None), (order.with_bounds, None), (None, row_scale)):
         torch.library.opcheck(
             torch.ops.gnnio.segment_sum_subwarp.default,
             (graph.csr_indptr, graph.csr_indices, values, x.to(torch.bfloat16), graph.num_dst_nodes,

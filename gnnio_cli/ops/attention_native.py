@@ -142,15 +142,14 @@ def build_row_schedule(indptr: torch.Tensor, tile_edges: int) -> RowSchedule:
 class RowOrder:
     """The light rows of one side (at most tile_edges slots) in the order the kernels take them.
 
-    rows        int64 [L]     the non-empty light rows by descending degree (ties by row), then the empty rows
-    num_busy    int           how many of `rows` are non-empty
-    with_bounds int64 [L, 3]  each row of `rows` with its first and end slot (the form every kernel reads:
-                              a row's bounds come in one round of loads, not after its id)
+    with_bounds int64 [L, 3]  (row, first slot, end slot): the non-empty light rows by descending degree
+                              (ties by row), then the empty rows; a row's bounds come in one round of
+                              loads with its id, not after it
+    num_busy    int           how many of them are non-empty
     """
 
-    rows: torch.Tensor
-    num_busy: int
     with_bounds: torch.Tensor
+    num_busy: int
 
     def args(self) -> tuple:
         return self.with_bounds, self.num_busy
@@ -164,7 +163,7 @@ def build_row_order(indptr: torch.Tensor, tile_edges: int) -> RowOrder:
     order = torch.sort(light_degree, descending=True, stable=True).indices
     rows = light[order]
     with_bounds = torch.stack([rows, indptr[rows], indptr[rows + 1]], dim=1).contiguous()
-    return RowOrder(rows, int((light_degree > 0).sum()), with_bounds)
+    return RowOrder(with_bounds, int((light_degree > 0).sum()))
 
 
 _forced = threading.local()
@@ -303,8 +302,9 @@ class _FusedAttention(torch.autograd.Function):
     Roles per kind: GAT (msg_src=x_src, src_scalar=alpha_src, dst_scalar=alpha_dst,
     edge=edge_alpha), GATv2 (msg_src=x_src, dst_vec=x_dst, att, edge=edge_feat),
     DOT (msg_src=value, key_src=key, dst_vec=query, edge=edge_feat). bias: None,
-    or a layer's output bias [H, C] that the forward adds at its store (backward
-    never reads out, so it needs no bias-free copy). lse and scores carry no gradient.
+    or a layer's output bias [H, C] that the forward adds at its store (a backward
+    that reads out, see _source_first, takes the bias off in attention_row_dots).
+    lse and scores carry no gradient.
     """
 
     @staticmethod
