@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gnnio_cli.nn.linear import Linear, _Affine, _SharedInputAffine, add_bias, bias_gradient, project_shared
+from gnnio_cli.nn.linear import Linear, _SharedInputAffine, add_bias, affine, bias_gradient, project_shared
 from testing import DEVICES
 
 
@@ -19,8 +19,8 @@ def test_affine_and_bias_add_pass_gradcheck(shape):
         return torch.randn(*size, dtype=torch.float64, generator=generator).requires_grad_()
 
     x, weight, bias = leaf(*shape), leaf(3, 5), leaf(3)
-    assert torch.autograd.gradcheck(_Affine.apply, (x, weight, bias))
-    assert torch.autograd.gradgradcheck(_Affine.apply, (x, weight, bias))
+    assert torch.autograd.gradcheck(affine, (x, weight, bias))
+    assert torch.autograd.gradgradcheck(affine, (x, weight, bias))
     y, row_bias = leaf(*shape[:-1], 3), leaf(3)
     assert torch.autograd.gradcheck(add_bias, (y, row_bias))
 

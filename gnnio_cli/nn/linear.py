@@ -62,25 +62,6 @@ def bias_gradient(grad: Tensor) -> Tensor:
     return torch.mv(rows.t(), rows.new_ones(rows.shape[0]))
 
 
-class _Affine(torch.autograd.Function):
-    """F.linear(x, weight, bias) whose bias gradient comes from bias_gradient (the GEMMs are F.linear's)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, weight = ctx.saved_tensors
-        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
-        grad_bias = bias_gradient(grad) if ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias
-
-
 class _BiasAdd(torch.autograd.Function):
     """x + bias (bias [F] broadcast over the rows of x [*, F]) whose bias gradient comes from bias_gradient."""
 
@@ -97,12 +78,13 @@ class _BiasAdd(torch.autograd.Function):
 
 
 class _SharedInputAffine(torch.autograd.Function):
-    """F.linear(x, w_i, b_i) for several projections (w_1, b_1, w_2, b_2, ...) of one x.
+    """F.linear(x, w_i, b_i) for one or several projections (w_1, b_1, w_2, b_2, ...) of one x.
 
-    Backward forms x's gradient as g_1 @ w_1 and adds each further g_i @ w_i
+    Biases get bias_gradient (any may be None; the GEMMs are F.linear's).
+    With several projections, backward forms x's gradient as g_1 @ w_1 and adds each further g_i @ w_i
     inside its GEMM (addmm_, beta = 1), instead of one GEMM per projection and
     the sums of their [N, F] results that autograd would run for separate
-    projections. Biases (any may be None) get bias_gradient.
+    projections.
     """
 
     @staticmethod
@@ -127,6 +109,11 @@ class _SharedInputAffine(torch.autograd.Function):
             param_grads.append(g.t() @ rows if ctx.needs_input_grad[1 + 2 * i] else None)
             param_grads.append(bias_gradient(g) if ctx.needs_input_grad[2 + 2 * i] else None)
         return (grad_x, *param_grads)
+
+
+def affine(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """F.linear(x, weight, bias) whose bias gradient comes from bias_gradient."""
+    return _SharedInputAffine.apply(x, weight, bias)[0]
 
 
 def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
@@ -208,7 +195,7 @@ class Linear(torch.nn.Module):
         """x: [*, in_channels] -> [*, out_channels]."""
         if self.bias is None or torch.is_autocast_enabled(x.device.type):
             return F.linear(x, self.weight, self.bias)
-        return _Affine.apply(x, self.weight, self.bias)
+        return affine(x, self.weight, self.bias)
 
     @torch.no_grad()
     def _materialize_from_input(self, module, inputs) -> None:
