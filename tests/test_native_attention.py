@@ -396,7 +396,8 @@ def test_edge_balanced_forward_with_dropout_uses_the_fused_mask():
     assert relative_error(balanced, fused) <= FP32_TOLERANCE
 
 
-def test_edge_balanced_op_checks_slot_rows():
+def gatv2_op_arguments():
+    """(graph, call, tensors) for calling the GATv2 kind's native ops directly, 2 heads x 8, on small_graph."""
     graph = small_graph().to("cuda")
     inputs = make_inputs("gatv2", graph, 2, 8, torch.float32, seed=5)
     call = attention_native._make_call(
@@ -404,6 +405,11 @@ def test_edge_balanced_op_checks_slot_rows():
         training=False, return_attention=False, weights_after_dropout=True,
     )  # fmt: skip
     tensors = (inputs["x_src"].detach(), None, inputs["x_dst"].detach(), None, None, inputs["att"].detach(), None)
+    return graph, call, tensors
+
+
+def test_edge_balanced_op_checks_slot_rows():
+    graph, call, tensors = gatv2_op_arguments()
     with pytest.raises(RuntimeError, match=r"attention_forward_edge_balanced: slot_rows must be a contiguous int32"):
         torch.ops.gnnio.attention_forward_edge_balanced(
             attention_native.GATV2, *call.csr_args(), *tensors, *call.score_args(), 0,
@@ -558,13 +564,7 @@ def test_row_dots_match_fp64(heads, channels, dtype):
 
 
 def test_target_from_edges_refuses_other_kinds():
-    graph = small_graph().to("cuda")
-    inputs = make_inputs("gatv2", graph, 2, 8, torch.float32, seed=5)
-    call = attention_native._make_call(
-        attention_native.GATV2, graph, 2, torch.device("cuda"), negative_slope=0.2, scale=1.0, dropout=0.0,
-        training=False, return_attention=False, weights_after_dropout=True,
-    )  # fmt: skip
-    tensors = (inputs["x_src"].detach(), None, inputs["x_dst"].detach(), None, None, inputs["att"].detach(), None)
+    graph, call, tensors = gatv2_op_arguments()
     edge_grads = torch.ones(graph.num_edges, 2, device="cuda")
     with pytest.raises(RuntimeError, match=r"attention_backward_target_from_edges: kind must be 0 \(GAT\) or 2"):
         torch.ops.gnnio.attention_backward_target_from_edges(attention_native.GATV2, *call.csr_args(), *tensors, edge_grads)
