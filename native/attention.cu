@@ -165,28 +165,59 @@ __device__ __forceinline__ T* row_start(T* base, int64_t index, const LaneGeomet
                               static_cast<uint64_t>(static_cast<uint32_t>(index)) * row_bytes);
 }
 
-// This lane's chunks of row `node` of a [rows, H, C] tensor. Chunks past the
-// head's channels read the row's first elements instead: in the 8-chunk
-// layout they are set to 0; in the 4- and 8-wide layouts (one chunk per
-// lane) a lane is inside its head or wholly outside it, and an outside lane
-// keeps what it read, since nothing of it reaches a result: head sums take only the lanes
-// inside (lane_sum) and stores skip the others. That saves a select per
-// gathered element. Loads need no branch, so the compiler can issue all of a
-// step's loads back to back. The padding slots of a step read a real row
-// (for_each_step) whose values the caller ignores.
+// fp32 values of one row's chunks in this lane.
+template <int VEC>
+using Chunks = float[Layout<VEC>::kChunks][VEC];
+
+// This lane's chunks of one row of a [rows, H, C] tensor as gathered, not
+// yet converted to fp32. The forward keeps its step's rows this way: 16-bit
+// rows take half the registers of fp32 ones, so the 8-wide layout keeps
+// twice the edges' loads in flight (what bounds these latency-bound
+// gathers), and converts each row where it is used (unpack), once for the
+// score and once for the sum. For fp32 it is the row itself.
 template <int VEC, typename T>
-__device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
-                                         const Lane<VEC>& lane, float (&x)[Layout<VEC>::kChunks][VEC]) {
+struct Gathered {
+  Vec<T, VEC> chunk[Layout<VEC>::kChunks];
+};
+
+// Loads need no branch, so the compiler can issue all of a step's loads back
+// to back. The padding slots of a step read a real row (for_each_step) whose
+// values the caller ignores.
+template <int VEC, typename T>
+__device__ __forceinline__ void gather_row(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
+                                           const Lane<VEC>& lane, Gathered<VEC, T>& x) {
   const T* row = row_start(base, node, geo);
 #pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k) x.chunk[k] = load_vec<T, VEC>(row + lane.offset[k]);
+}
+
+// A gathered row as fp32. Chunks past the head's channels read the row's
+// first elements instead (lane.offset): in the 8-chunk layout they are set
+// to 0 here; in the 4- and 8-wide layouts (one chunk per lane) a lane is
+// inside its head or wholly outside it, and an outside lane keeps what it
+// read, since nothing of it reaches a result: head sums take only the lanes
+// inside (lane_sum) and stores skip the others. That saves a select per
+// gathered element.
+template <int VEC, typename T>
+__device__ __forceinline__ void unpack(const Gathered<VEC, T>& x, const Lane<VEC>& lane, Chunks<VEC>& out) {
+#pragma unroll
   for (int k = 0; k < Layout<VEC>::kChunks; ++k) {
-    load_f32<VEC>(row + lane.offset[k], x[k]);
+    to_f32<VEC>(x.chunk[k], out[k]);
     if constexpr (Layout<VEC>::kChunks > 1) {
       const bool use = lane.ok[k];
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) x[k][v] = use ? x[k][v] : 0.f;
+      for (int v = 0; v < VEC; ++v) out[k][v] = use ? out[k][v] : 0.f;
     }
   }
+}
+
+// This lane's chunks of row `node` as fp32 (gather_row, then unpack).
+template <int VEC, typename T>
+__device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
+                                         const Lane<VEC>& lane, Chunks<VEC>& x) {
+  Gathered<VEC, T> gathered;
+  gather_row<VEC>(base, node, geo, lane, gathered);
+  unpack<VEC>(gathered, lane, x);
 }
 
 // The sum of a head's shares over its lanes, counting only the lanes inside
@@ -211,9 +242,6 @@ __device__ __forceinline__ float load_scalar(const T* __restrict__ base, int64_t
                                              int head, bool valid) {
   return valid ? static_cast<float>(base[static_cast<uint64_t>(static_cast<uint32_t>(node)) * geo.heads + head]) : 0.f;
 }
-
-template <int VEC>
-using Chunks = float[Layout<VEC>::kChunks][VEC];
 
 template <int VEC>
 __device__ __forceinline__ void set_zero(Chunks<VEC>& x) {
@@ -298,11 +326,17 @@ constexpr int backward_blocks_per_sm() {
 // edges per forward step as GAT and GATv2, 2 in the target pass (3 spilled
 // 88 B and measured 3.6% slower fwd+bwd on rmat20); its source pass gathers
 // two rows (g_t, u_t) as Dot's does, so 2 as well. VEC 8 (16-bit forward,
-// two edge groups): 2 edges per group for GAT and Cosine, 1 for GATv2 and
-// Dot (2 spilled 80-116 B; GAT with 3 spilled 16 B and measured slower).
+// two edge groups, rows kept gathered: see Gathered): 4 edges per group for
+// GAT and Cosine, 2 for GATv2 and Dot. Measured on rmat20 (H100, bf16
+// forward, 4 x 32) against 2 and 1 before the rows stayed gathered: GAT
+// 1.63 -> 1.47 (3 edges) -> 1.41 ms, Dot 2.60 -> 2.12, Cosine 2.34 -> 2.28
+// (3 edges) -> 2.15, GATv2 2.39 -> 2.29, although Cosine spills 40 B and
+// GATv2 144 B at 80 registers. Two blocks per SM (128
+// registers, 4-6 edges per group, no spill) was 15-30% slower: fewer
+// warps hide less latency than more edges per warp do.
 template <int KIND, int VEC>
 constexpr int forward_edges_per_step() {
-  return VEC == 8 ? (KIND == kGat || KIND == kCosine ? 2 : 1) : VEC != 4 ? 2 : KIND == kDot ? 3 : 4;
+  return VEC == 8 ? (KIND == kGat || KIND == kCosine ? 4 : 2) : VEC != 4 ? 2 : KIND == kDot ? 3 : 4;
 }
 
 template <int KIND, int VEC>
@@ -586,17 +620,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
                         [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       // All of the step's gathers first, with no branch between them, so
       // their latencies overlap; edge features (rare) come in a second round.
-      Chunks<VEC> message[U];
+      Gathered<VEC, scalar_t> gathered[U];  // x_src, or Dot's value
 #pragma unroll
-      for (int u = 0; u < U; ++u) load_row<VEC>(p.msg_src, neighbour[u], geo, lane, message[u]);
+      for (int u = 0; u < U; ++u) gather_row<VEC>(p.msg_src, neighbour[u], geo, lane, gathered[u]);
       float partial[U], inverse_norm[U];  // Cosine: 1 / max(|x_src|, floor)
-      if constexpr (PRECOMPUTED) {
-        // the edge-balanced score phase wrote the scores (edge_scores_kernel); Dot's messages still take the
-        // edge features
-        if constexpr (KIND == kDot) add_edge_features<VEC, U>(p, edge_id, geo, lane, message);
-      } else {
-        Chunks<VEC> kept[U];  // the backward's; unused here
+      if constexpr (!PRECOMPUTED) {
+        Chunks<VEC> message[U], kept[U];  // the score's copy of the rows; kept: the backward's, unused here
         float z[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) unpack<VEC>(gathered[u], lane, message[u]);
         step_partials<KIND, VEC, U>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
                                     inverse_norm, kept, z);
       }
@@ -605,6 +637,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if constexpr (PRECOMPUTED) {
+          // the edge-balanced score phase wrote the scores (edge_scores_kernel)
           score[u] = valid[u] && lane.head_ok ? p.scores_in[edge_id.slot(u) * geo.heads + lane.head] : 0.f;
         } else {
           score[u] = finish_score<KIND, VEC>(partial[u], inverse_norm[u], target_inverse_norm, factor, geo, lane);
@@ -612,20 +645,33 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
         drop[u] = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         if (valid[u]) new_max = fmaxf(new_max, score[u]);
       }
-      // 1 where the maximum stays, which also covers a group that has seen
-      // no edge yet (both -inf; exp(-inf - -inf) would be NaN)
-      const float correction = new_max == run_max ? 1.f : softmax_exp(run_max - new_max);
-      run_sum *= correction;
+      // Rescale only where the maximum grew, which after a row's first
+      // edges is rare: no multiply per accumulator element in most steps.
+      // A group that has seen no edge yet has run_max -inf and acc 0, so
+      // its factor exp(-inf) = 0 changes nothing.
+      if (new_max != run_max) {
+        const float correction = softmax_exp(run_max - new_max);
+        run_sum *= correction;
 #pragma unroll
-      for (int k = 0; k < K; ++k)
+        for (int k = 0; k < K; ++k)
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) acc[k][v] *= correction;
+          for (int v = 0; v < VEC; ++v) acc[k][v] *= correction;
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
+        Chunks<VEC> message;  // converted again from the gathered row (see Gathered)
+        unpack<VEC>(gathered[u], lane, message);
+        if constexpr (KIND == kDot) {
+          if (p.edge) {  // warp-uniform: edge_id shuffles on the whole warp
+            Chunks<VEC> feature;
+            load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
+            add_to<VEC>(message, feature);
+          }
+        }
         if (valid[u]) {
           const float weight = softmax_exp(score[u] - new_max);
           run_sum += weight;
-          add_scaled<VEC>(acc, weight * drop[u], message[u]);
+          add_scaled<VEC>(acc, weight * drop[u], message);
         }
         if (p.scores != nullptr) {
           const int64_t e = edge_id(u);  // a whole-warp shuffle: outside the branch on valid (groups differ)

@@ -1,5 +1,5 @@
 // Device helpers of the fused attention kernels (attention.cu): the lane
-// layout over heads and channels, fp32 loads of 1 or 4 feature elements,
+// layout over heads and channels, conversion of gathered elements to fp32,
 // reductions inside one head's lane group, the LeakyReLU pair and the
 // counter-based dropout mask.
 #pragma once
@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace gnnio {
 namespace attention {
@@ -62,16 +63,22 @@ inline LaneGeometry lane_geometry(int heads, int channels, int vec, int chunks_p
   return LaneGeometry{heads, channels, lanes, group_lanes / lanes};
 }
 
-// VEC elements of `p` as fp32 (VEC == 4 or 8: one vector load; alignment checked on the host).
+// VEC elements of T as fp32. bf16 is the upper half of an fp32, so each
+// element of a 32-bit pair converts with one instruction (a shift or a
+// mask); static_cast spends two on the pair's upper element.
 template <int VEC, typename T>
-__device__ __forceinline__ void load_f32(const T* __restrict__ p, float (&out)[VEC]) {
-  if constexpr (VEC == 4 || VEC == 8) {
-    const Vec<T, VEC> v = load_vec<T, VEC>(p);
+__device__ __forceinline__ void to_f32(const Vec<T, VEC>& v, float (&out)[VEC]) {
+  if constexpr (std::is_same<T, c10::BFloat16>::value && VEC % 2 == 0) {
+    uint32_t words[VEC / 2];
+    memcpy(words, v.v, sizeof(words));
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = static_cast<float>(v.v[i]);
+    for (int i = 0; i < VEC / 2; ++i) {
+      out[2 * i] = __uint_as_float(words[i] << 16);
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
   } else {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = static_cast<float>(p[i]);
+    for (int i = 0; i < VEC; ++i) out[i] = static_cast<float>(v.v[i]);
   }
 }
 
