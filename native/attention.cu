@@ -1358,6 +1358,12 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * kDotRowsPerWarp;
   if (first >= rows) return;  // warp-uniform
   const int lane = threadIdx.x & (kWarp - 1);
+  // each row's head's offset, found once per row: a 64-bit remainder per
+  // element doubled the kernel's time (H100, rmat20 4 x 32: 0.41 -> 0.91 ms)
+  int head_of[kDotRowsPerWarp];
+  head_of[0] = static_cast<int>(first % heads);
+#pragma unroll
+  for (int r = 1; r < kDotRowsPerWarp; ++r) head_of[r] = head_of[r - 1] + 1 == heads ? 0 : head_of[r - 1] + 1;
   float sums[kDotRowsPerWarp] = {};
   for (int c = lane; c - lane < channels; c += kWarp) {  // every lane takes each round (the sums are whole-warp)
     float products[kDotRowsPerWarp];
@@ -1366,7 +1372,7 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
       const int64_t row = first + r;
       const bool valid = row < rows && c < channels;
       const int64_t at = row * channels + c;
-      const float shift = valid && offset != nullptr ? static_cast<float>(offset[(row % heads) * channels + c]) : 0.f;
+      const float shift = valid && offset != nullptr ? static_cast<float>(offset[head_of[r] * channels + c]) : 0.f;
       products[r] = valid ? static_cast<float>(a[at]) * (static_cast<float>(b[at]) - shift) : 0.f;
     }
 #pragma unroll
