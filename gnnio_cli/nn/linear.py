@@ -113,7 +113,12 @@ class _SharedInputAffine(torch.autograd.Function):
 
 def affine(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """F.linear(x, weight, bias) whose bias gradient comes from bias_gradient."""
-    return _SharedInputAffine.apply(x, weight, bias)[0]
+    return affine_shared(x, weight, bias)[0]
+
+
+def affine_shared(x: Tensor, *weights_and_biases: Optional[Tensor]) -> tuple[Tensor, ...]:
+    """F.linear(x, w_i, b_i) for the pairs (w_1, b_1, w_2, b_2, ...) with one input gradient (see _SharedInputAffine)."""
+    return _SharedInputAffine.apply(x, *weights_and_biases)
 
 
 def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
@@ -121,8 +126,7 @@ def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
     under autocast or while a weight is still lazy."""
     if torch.is_autocast_enabled(x.device.type) or any(is_lazy(linear.weight) for linear in linears):
         return tuple(linear(x) for linear in linears)
-    params = [t for linear in linears for t in (linear.weight, linear.bias)]
-    return _SharedInputAffine.apply(x, *params)
+    return affine_shared(x, *[t for linear in linears for t in (linear.weight, linear.bias)])
 
 
 def add_bias(x: Tensor, bias: Tensor) -> Tensor:
