@@ -328,12 +328,12 @@ constexpr int backward_blocks_per_sm() {
 // two rows (g_t, u_t) as Dot's does, so 2 as well. VEC 8 (16-bit forward,
 // two edge groups, rows kept gathered: see Gathered): 4 edges per group for
 // GAT and Cosine, 2 for GATv2 and Dot. Measured on rmat20 (H100, bf16
-// forward, 4 x 32) against 2 and 1 before the rows stayed gathered: GAT
-// 1.63 -> 1.47 (3 edges) -> 1.41 ms, Dot 2.60 -> 2.12, Cosine 2.34 -> 2.28
-// (3 edges) -> 2.15, GATv2 2.39 -> 2.29, although Cosine spills 40 B and
-// GATv2 144 B at 80 registers. Two blocks per SM (128
-// registers, 4-6 edges per group, no spill) was 15-30% slower: fewer
-// warps hide less latency than more edges per warp do.
+// forward, 4 x 32, one run) against 2 and 1: GAT 1.63 -> 1.47 (3 edges)
+// -> 1.41 ms, Dot 2.60 -> 2.12, Cosine 2.34 -> 2.28 (3 edges) -> 2.15,
+// GATv2 2.39 -> 2.29, although Cosine spills 40 B and GATv2 144 B at 80
+// registers. Two blocks per SM (128 registers, 4-6 edges per group, no
+// spill) was 9-35% slower: fewer warps hide less latency than more edges
+// per warp do.
 template <int KIND, int VEC>
 constexpr int forward_edges_per_step() {
   return VEC == 8 ? (KIND == kGat || KIND == kCosine ? 4 : 2) : VEC != 4 ? 2 : KIND == kDot ? 3 : 4;
