@@ -12,7 +12,7 @@ from torch.nn import Parameter
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, EdgesInput, FillValue, with_self_loops
 from gnnio_cli.nn.base import ConvBase, NodeFeatures, Size, returned_edges, split_pair
-from gnnio_cli.nn.linear import Linear, add_bias, affine_shared, glorot_, is_lazy, project_shared, zeros_
+from gnnio_cli.nn.linear import Linear, add_bias, affine_shared, glorot_, plain_projection, project_shared, zeros_
 from gnnio_cli.ops import attention
 
 AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
@@ -42,11 +42,6 @@ def head_dots(h: Tensor, *vectors: Tensor) -> tuple[Tensor, ...]:
     return tuple(dots[:, j] for j in range(len(vectors)))
 
 
-def _plain_projection(x: Tensor, linear: Linear) -> bool:
-    """Whether to project as PyG does (linear(x), then head_dots): under autocast or while the weight is lazy."""
-    return torch.is_autocast_enabled(x.device.type) or is_lazy(linear.weight)
-
-
 def _score_weight(linear: Linear, heads: int, *vectors: Tensor) -> Tensor:
     """W^T B as [J*H, F] rows: x @ W^T B gives (linear(x) * v_j).sum(-1) for each vector v_j (bias-free linear)."""
     return _head_blocks(vectors, heads, linear.out_channels // heads).t() @ linear.weight
@@ -63,7 +58,7 @@ def project_with_scores(x: Tensor, linear: Linear, heads: int, *vectors: Tensor)
     added to the attention's (GATConv on rmat20, 1M x 4 x 32: peak 1,568 ->
     1,459 MiB; the step's time moved less than its run-to-run spread).
     """
-    if _plain_projection(x, linear):
+    if plain_projection(x, linear):  # as PyG: linear(x), then the dots of h
         h = linear(x)
         h = h.view(*h.shape[:-1], heads, h.shape[-1] // heads)
         return (h, *head_dots(h, *vectors))
@@ -74,9 +69,8 @@ def project_with_scores(x: Tensor, linear: Linear, heads: int, *vectors: Tensor)
 
 def score_terms(x: Tensor, linear: Linear, heads: int, vector: Tensor) -> Tensor:
     """(linear(x) * vector).sum(-1) [N, H] without linear(x) itself (see project_with_scores)."""
-    if _plain_projection(x, linear):
-        h = linear(x)
-        return head_dots(h.view(*h.shape[:-1], heads, h.shape[-1] // heads), vector)[0]
+    if plain_projection(x, linear):
+        return project_with_scores(x, linear, heads, vector)[1]
     return F.linear(x, _score_weight(linear, heads, vector))
 
 

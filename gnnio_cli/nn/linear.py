@@ -121,10 +121,16 @@ def affine_shared(x: Tensor, *weights_and_biases: Optional[Tensor]) -> tuple[Ten
     return _SharedInputAffine.apply(x, *weights_and_biases)
 
 
+def plain_projection(x: Tensor, *linears: "Linear") -> bool:
+    """Whether to project x by calling the linears themselves: under autocast (which casts inside
+    their F.linear) or while a weight is still lazy (the call gives it its shape)."""
+    return torch.is_autocast_enabled(x.device.type) or any(is_lazy(linear.weight) for linear in linears)
+
+
 def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
     """(linear(x) for each of `linears`) with one input gradient (see _SharedInputAffine); plain calls
-    under autocast or while a weight is still lazy."""
-    if torch.is_autocast_enabled(x.device.type) or any(is_lazy(linear.weight) for linear in linears):
+    where plain_projection says so."""
+    if plain_projection(x, *linears):
         return tuple(linear(x) for linear in linears)
     return affine_shared(x, *[t for linear in linears for t in (linear.weight, linear.bias)])
 
