@@ -662,6 +662,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
         Chunks<VEC> message;  // converted again from the gathered row (see Gathered)
         unpack<VEC>(gathered[u], lane, message);
         if constexpr (KIND == kDot) {
+          // The message is value + edge features. The score phase loaded
+          // the same features for the key; loading them again here (an L1
+          // or L2 hit, and only for layers with edge_dim) keeps no extra
+          // row per edge in registers across the softmax update.
           if (p.edge) {  // warp-uniform: edge_id shuffles on the whole warp
             Chunks<VEC> feature;
             load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
