@@ -13,9 +13,9 @@
 //     source-side gradients (key, value, x_src, alpha_src) and the per-edge ones.
 // GAT and Dot in fp32 run the other way round (the host picks): delta from the
 // saved output (attention_row_dots), the CSC pass first, which also writes
-// each edge's score gradient s_e in CSR slot order, then a CSR pass that only
-// sums s_e (GAT's d alpha_dst) or s_e * key (Dot's d query): one gathered
-// row per edge or none, against two for the recomputing CSR pass.
+// each edge's score gradient s_e in its own (CSC) slot order, then a CSR pass
+// that only sums s_e (GAT's d alpha_dst) or s_e * key (Dot's d query): one
+// gathered row per edge or none, against two for the recomputing CSR pass.
 // With p = exp(score - lse), w = p * dropout and dp = dropout * <g_t, message>:
 //   d score = p * (dp - delta),  d message = w * g_t.
 // Every pass is a gather, never a scatter of sums (s_e is written once per
@@ -107,12 +107,12 @@ struct Params {
   scalar_t* grad_vec2;    // source pass, Dot: d key
   scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
   scalar_t* grad_edge;
-  // GAT and Dot: each edge's score gradient s_e, fp32 [E, H] in CSR slot order, written by
-  // the source pass (edge_grads, at csr_slot[its CSC slot]) and summed by
-  // target_from_edges_kernel (edge_grads_in)
+  // GAT and Dot: each edge's score gradient s_e, fp32 [E, H] in CSC slot order, written by
+  // the source pass (edge_grads) and summed by target_from_edges_kernel (edge_grads_in, at
+  // edge_grad_slot[its CSR slot])
   float* edge_grads;
-  const int64_t* csr_slot;
   const float* edge_grads_in;
+  const int64_t* edge_grad_slot;
   float* delta_out;
   float* att_partial;  // [resident warps, H, C] (GATv2) or [resident warps, H] (Cosine: d beta)
   float* part_vec;
@@ -223,9 +223,13 @@ __device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t nod
 // The sum of a head's shares over its lanes, counting only the lanes inside
 // the head's channels (an outside lane's share is whatever its rows held,
 // see load_row; selected away, so not even an inf or NaN of theirs leaks).
-template <int VEC>
+// HEAD_LANES: 0, or the lanes per head the kernel was built for (see
+// fixed_head_lanes).
+template <int VEC, int HEAD_LANES = 0>
 __device__ __forceinline__ float lane_sum(float share, const LaneGeometry& geo, const Lane<VEC>& lane) {
-  return head_sum(lane.ok[0] ? share : 0.f, geo.lanes_per_head);
+  const float mine = lane.ok[0] ? share : 0.f;
+  if constexpr (HEAD_LANES > 0) return head_sum<HEAD_LANES>(mine, HEAD_LANES);
+  return head_sum<Layout<VEC>::kGroupLanes>(mine, geo.lanes_per_head);
 }
 
 template <int VEC, typename T>
@@ -537,16 +541,16 @@ __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const i
   }
 }
 
-template <int KIND, int VEC>
+template <int KIND, int VEC, int HEAD_LANES = 0>
 __device__ __forceinline__ float finish_score(float partial, float inverse_norm, float target_inverse_norm,
                                               float factor, const LaneGeometry& geo, const Lane<VEC>& lane) {
   if constexpr (KIND == kGat) {
     return partial;
   } else if constexpr (KIND == kCosine) {
     // the same product as the backward passes', so they recompute the same score
-    return lane_sum<VEC>(partial, geo, lane) * inverse_norm * target_inverse_norm * factor;
+    return lane_sum<VEC, HEAD_LANES>(partial, geo, lane) * inverse_norm * target_inverse_norm * factor;
   } else {
-    return lane_sum<VEC>(partial, geo, lane) * factor;
+    return lane_sum<VEC, HEAD_LANES>(partial, geo, lane) * factor;
   }
 }
 
@@ -585,7 +589,8 @@ __device__ __forceinline__ void add_out_bias(const scalar_t* bias, const LaneGeo
 // PRECOMPUTED: the scores come from p.scores_in (slot order, written by the
 // edge-balanced score phase) instead of from the source and target rows; the
 // rest (online softmax, dropout, aggregation, tiles) is the same pass.
-template <int KIND, int VEC, typename scalar_t, bool PRECOMPUTED = false>
+// HEAD_LANES: 0, or the lanes per head it was built for (fixed_head_lanes).
+template <int KIND, int VEC, typename scalar_t, bool PRECOMPUTED = false, int HEAD_LANES = 0>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<VEC>()) forward_kernel(const Params<scalar_t> p) {
   constexpr int U = forward_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
@@ -640,7 +645,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
           // the edge-balanced score phase wrote the scores (edge_scores_kernel)
           score[u] = valid[u] && lane.head_ok ? p.scores_in[edge_id.slot(u) * geo.heads + lane.head] : 0.f;
         } else {
-          score[u] = finish_score<KIND, VEC>(partial[u], inverse_norm[u], target_inverse_norm, factor, geo, lane);
+          score[u] = finish_score<KIND, VEC, HEAD_LANES>(partial[u], inverse_norm[u], target_inverse_norm, factor,
+                                                         geo, lane);
         }
         drop[u] = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         if (valid[u]) new_max = fmaxf(new_max, score[u]);
@@ -766,34 +772,42 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) edge_scores_kernel(cons
 }
 
 // Second forward pass for heavy rows: merge the tiles' softmax states in
-// tile order. One block per heavy row, threads over (head, channel).
+// tile order. One block per heavy row, threads over (head, channel). One
+// pass with a running maximum (each tile's state rescaled as the maximum
+// grows), not a pass for the maximum and then one for the sums: a long row
+// (309 tiles on rmat20) waits for one round of kTileBatch tiles' loads after
+// another, and one pass halves the rounds (H100, rmat20 4 x 32: 0.088 ->
+// 0.064 ms). Capped at 64 registers (merge_threads: at most 256 threads per
+// block) so as many blocks stay resident as before; uncapped it took 128,
+// and 32 tiles per round took 254 registers and 0.32 ms.
 template <typename scalar_t>
-__global__ void merge_tiles_kernel(const RowSchedule s, int heads, int channels, const float* __restrict__ part_max,
-                                   const float* __restrict__ part_sum, const float* __restrict__ part_acc,
-                                   const scalar_t* __restrict__ bias, scalar_t* __restrict__ out,
-                                   float* __restrict__ lse) {
+__global__ void __launch_bounds__(256, 4)
+    merge_tiles_kernel(const RowSchedule s, int heads, int channels, const float* __restrict__ part_max,
+                       const float* __restrict__ part_sum, const float* __restrict__ part_acc,
+                       const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, float* __restrict__ lse) {
   const int64_t row = s.heavy_rows[blockIdx.x];
   const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
   const int64_t width = static_cast<int64_t>(heads) * channels;
   for (int64_t f = threadIdx.x; f < width; f += blockDim.x) {
     const int head = static_cast<int>(f / channels);
-    float row_max = -INFINITY;
-    in_tile_order<float>(
-        first, last, [&](int64_t t) { return part_max[t * heads + head]; },
-        [&](float tile_max) { row_max = fmaxf(row_max, tile_max); });
     struct TileState {
       float max, sum, acc;
     };
-    float sum = 0.f, acc = 0.f;
+    float row_max = -INFINITY, sum = 0.f, acc = 0.f;
     in_tile_order<TileState>(
         first, last,
         [&](int64_t t) {
           return TileState{part_max[t * heads + head], part_sum[t * heads + head], part_acc[t * width + f]};
         },
         [&](const TileState& tile) {
-          const float factor = softmax_exp(tile.max - row_max);
-          sum += tile.sum * factor;
-          acc += tile.acc * factor;
+          // a tile that counted no edge (max -inf) weighs 0: exp(-inf - -inf) would be NaN
+          const bool counted = tile.max != -INFINITY;
+          const float new_max = fmaxf(row_max, tile.max);
+          const float kept = counted ? softmax_exp(row_max - new_max) : 1.f;  // 0 before the first tile
+          const float factor = counted ? softmax_exp(tile.max - new_max) : 0.f;
+          sum = sum * kept + tile.sum * factor;
+          acc = acc * kept + tile.acc * factor;
+          row_max = new_max;
         });
     const float value = sum > 0.f ? acc / sum : 0.f;
     out[row * width + f] = static_cast<scalar_t>(bias != nullptr ? value + static_cast<float>(bias[f]) : value);
@@ -1184,10 +1198,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           add_scaled<VEC>(key_grad, score_grad * factor * target_inverse_norm[u], target[u]);
         } else if constexpr (KIND == kDot) {
           add_scaled<VEC>(key_grad, score_grad * p.scale, target[u]);
-          if (p.edge_grads) {
-            const int64_t slot = edge_id.mapped(u);
-            if (writer) p.edge_grads[slot * geo.heads + lane.head] = score_grad * p.scale;
-          }
+          if (p.edge_grads && writer) p.edge_grads[edge_id.slot(u) * geo.heads + lane.head] = score_grad * p.scale;
           if (p.grad_edge) {
             Chunks<VEC> edge_grad;
 #pragma unroll
@@ -1213,13 +1224,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
             const int64_t e = edge_id(u);
             if (writer) p.grad_edge[e * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
           }
-          if (p.edge_grads) {
-            const int64_t slot = edge_id.mapped(u);
-            if (writer) p.edge_grads[slot * geo.heads + lane.head] = z_grad;
-          }
+          if (p.edge_grads && writer) p.edge_grads[edge_id.slot(u) * geo.heads + lane.head] = z_grad;
         }
       }
-    }, p.edge_grads != nullptr ? p.csr_slot : nullptr);
+    });
 
     if (item.partial < 0) {
       // Cosine: d x_src whole (the heavy rows' tiles get it from a node pass over those rows)
@@ -1253,21 +1261,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 
 // ------------------------------------ backward, target side from edge gradients
 // GAT's and Dot's target-side gradients are linear in the per-edge score
-// gradients s_e the source pass wrote (edge_grads, CSR slot order):
+// gradients s_e the source pass wrote (edge_grads, CSC slot order):
 //   GAT: d alpha_dst[t] = sum_{e into t} s_e,  s_e = d z_e (z = alpha_src + alpha_dst + edge);
 //   Dot: d query[t]     = sum_{e into t} s_e (key_s + edge_e),  s_e = scale * d score_e.
-// So this pass gathers no row at all for GAT (a row's s_e are contiguous)
-// and only the key row for Dot, against backward_target_kernel's
+// So this pass gathers no row at all for GAT (only each edge's H values of
+// s_e) and only the key row for Dot, against backward_target_kernel's
 // recomputation from two rows per edge (Dot: key and value; GAT: x_src for
 // <g_t, x_src>). The price is delta (attention_row_dots of the saved output)
-// before the source pass.
+// before the source pass. The source pass writes s_e where it computes them,
+// in its own slot order, and this pass gathers them (edge_grad_slot): a
+// gathered read costs one sector, a scattered partial-sector write costs the
+// memory a read and a write of it. GATConv on rmat20 (H100, 4 x 32): source
+// pass 4.19 -> 3.51 ms, GAT's target sums 0.69 -> 0.71 ms (gat_target_sums_kernel;
+// this kernel's warp per row took 1.05 ms gathering).
 template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<KIND, VEC>())
     target_from_edges_kernel(const Params<scalar_t> p) {
   static_assert(KIND == kGat || KIND == kDot, "only GAT's and Dot's target gradients are linear in s_e");
   // edges per step, all their loads issued first: Dot keeps one key row per edge (4 fit its 80
   // registers), GAT only one scalar per edge
-  constexpr int U = KIND == kDot ? 4 : 8;
+  constexpr int U = KIND == kDot ? 4 : 16;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Lane<VEC> lane(geo);
   const bool writer = lane.head_ok && lane.in_head == 0;
@@ -1285,22 +1298,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         float grad[U];
         Chunks<VEC> key[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) grad[u] = edge_grad(edge_id.slot(u), valid[u]);
+        for (int u = 0; u < U; ++u) grad[u] = edge_grad(edge_id.mapped(u), valid[u]);
 #pragma unroll
         for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
         add_edge_features<VEC, U>(p, edge_id, geo, lane, key);
 #pragma unroll
         for (int u = 0; u < U; ++u)
           if (valid[u]) add_scaled<VEC>(sum, grad[u], key[u]);
-      });
+      }, p.edge_grad_slot);
     } else {
-      // no neighbour needed: the row's s_e are [begin, end) x H, read directly
-      for (int64_t first = item.begin; first < item.end; first += U) {
-        float grad[U];
+      // no neighbour needed: only where each of the row's s_e lies, 32 slots' positions at a time
+      for (int64_t base = item.begin; base < item.end; base += kWarp) {
+        const int count = item.end - base < kWarp ? static_cast<int>(item.end - base) : kWarp;
+        const uint32_t my_slot = lane.lane < count ? static_cast<uint32_t>(p.edge_grad_slot[base + lane.lane]) : 0;
+        for (int first = 0; first < count; first += U) {
+          float grad[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) grad[u] = edge_grad(first + u, first + u < item.end);
+          for (int u = 0; u < U; ++u) {
+            const bool valid = first + u < count;
+            grad[u] = edge_grad(__shfl_sync(kFullMask, my_slot, valid ? first + u : 0), valid);
+          }
 #pragma unroll
-        for (int u = 0; u < U; ++u) scalar_sum += grad[u];
+          for (int u = 0; u < U; ++u) scalar_sum += grad[u];
+        }
       }
     }
     if (item.partial < 0) {
@@ -1321,41 +1341,93 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   });
 }
 
+// GAT's d alpha_dst (target_from_edges_kernel's sums) with one work item per
+// lane instead of per warp: a row's sum is a walk over its slots, each a
+// read of where its s_e lies (edge_grad_slot) and then of its H values, so a
+// warp per row keeps only one row's few loads in flight behind three
+// dependent latencies (bounds, slot map, s_e). 32 rows per warp keep 32
+// times as many; the items come longest first (for_each_item's order), so a
+// warp's lanes walk rows of about the same length. Same sums in the same
+// (slot) order as target_from_edges_kernel. Heads up to kMaxLaneHeads
+// (the sums stay in registers); HEAD_VEC 4 (H % 4 == 0, s_e 16-byte
+// aligned) reads four heads' s_e in one load.
+constexpr int kMaxLaneHeads = 8;
+
+template <typename scalar_t, int HEAD_VEC>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) gat_target_sums_kernel(const Params<scalar_t> p) {
+  constexpr int U = 8;  // slots whose loads are issued together
+  const RowSchedule& s = p.schedule;
+  const int heads = p.geo.heads;
+  const int64_t busy_end = s.num_tiles + p.num_busy_rows;
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= busy_end + p.num_empty_rows) return;
+  WorkItem item;
+  if (index < s.num_tiles) {
+    tile_item(s, index, item);
+  } else {
+    // a light row (busy or empty: an empty one's bounds are equal)
+    const int64_t* bounds = p.row_bounds + 3 * (index - s.num_tiles);
+    item.row = bounds[0];
+    item.begin = bounds[1];
+    item.end = bounds[2];
+    item.partial = -1;
+  }
+  float sum[kMaxLaneHeads] = {};
+  for (int64_t first = item.begin; first < item.end; first += U) {
+    int64_t at[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) at[u] = first + u < item.end ? p.edge_grad_slot[first + u] * heads : -1;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (at[u] < 0) continue;
+#pragma unroll
+      for (int h = 0; h < kMaxLaneHeads; h += HEAD_VEC) {
+        if (h >= heads) break;
+        if constexpr (HEAD_VEC == 4) {
+          const float4 four = *reinterpret_cast<const float4*>(p.edge_grads_in + at[u] + h);
+          sum[h] += four.x;
+          sum[h + 1] += four.y;
+          sum[h + 2] += four.z;
+          sum[h + 3] += four.w;
+        } else {
+          sum[h] += p.edge_grads_in[at[u] + h];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kMaxLaneHeads; ++h) {
+    if (h >= heads) break;
+    if (item.partial < 0) {
+      p.grad_scalar[item.row * heads + h] = static_cast<scalar_t>(sum[h]);
+    } else {
+      p.part_scalar[item.partial * heads + h] = sum[h];
+    }
+  }
+}
+
 // ------------------------------------------------- Cosine's node-level work
-// AGNN's rows before and after the edge kernels, one warp per (node, head)
-// row, lanes striding over the channels (coalesced; any C). With
+// AGNN's rows before and after the edge kernels, lanes striding over the
+// channels of each (node, head) row (coalesced; any C). With
 // n = |x|, m = max(n, floor), a = (n >= floor), u = x / m (in fp32):
-//   forward:  n (fp32) in one read of x;
+//   forward:  n (fp32) in one read of x (row_dots_kernel's NORMS form);
 //   backward: grad_x = direct + (g - a * <g, u> * u) / m, g = g1 (+ g2),
 // which is d(x / max(|x|, floor))/dx applied to g (F.normalize's backward,
 // clamp_min's mask included), plus the message path's gradient `direct`:
 // the message is x itself, so its gradient reaches x as is.
 // One pass each instead of torch's chain of N x C temporaries.
-template <typename scalar_t>
-__global__ void row_norms_kernel(const scalar_t* __restrict__ x, int64_t rows, int channels,
-                                 float* __restrict__ norm) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= rows) return;  // warp-uniform
-  const int lane = threadIdx.x & (kWarp - 1);
-  const int64_t base = row * channels;
-  float squares = 0.f;
-  for (int c = lane; c < channels; c += kWarp) {
-    const float value = static_cast<float>(x[base + c]);
-    squares += value * value;
-  }
-  squares = warp_sum(squares);
-  if (lane == 0) norm[row] = sqrtf(squares);
-}
 
 // dots[r] = <a[r], b[r] - offset[r % heads]> per (node, head) row in fp32:
 // GAT's and Dot's delta = <g_t, out_t> from the saved output (less the
 // output bias the forward added, when it did), before their source pass.
+// NORMS: dots[r] = |a[r]| instead (b and offset unused), Cosine's row norms.
 // Each warp takes kDotRowsPerWarp consecutive rows (contiguous memory) and
 // issues all their loads before the first sum: with one row per warp the
-// loads in flight were too few (H100, rmat20 4 x 32: 0.63 ms for 1 GiB read).
+// loads in flight were too few (H100, rmat20 4 x 32: 0.63 ms for 1 GiB read;
+// the norms of a bf16 1 x 128 x took 0.144 ms for 256 MiB that way).
 constexpr int kDotRowsPerWarp = 8;
 
-template <typename scalar_t>
+template <typename scalar_t, bool NORMS = false>
 __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
                                 const scalar_t* __restrict__ offset, int64_t rows, int heads, int channels,
                                 float* __restrict__ dots) {
@@ -1376,8 +1448,13 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
       const int64_t row = first + r;
       const bool valid = row < rows && c < channels;
       const int64_t at = row * channels + c;
-      const float shift = valid && offset != nullptr ? static_cast<float>(offset[head_of[r] * channels + c]) : 0.f;
-      products[r] = valid ? static_cast<float>(a[at]) * (static_cast<float>(b[at]) - shift) : 0.f;
+      if constexpr (NORMS) {
+        const float value = valid ? static_cast<float>(a[at]) : 0.f;
+        products[r] = value * value;
+      } else {
+        const float shift = valid && offset != nullptr ? static_cast<float>(offset[head_of[r] * channels + c]) : 0.f;
+        products[r] = valid ? static_cast<float>(a[at]) * (static_cast<float>(b[at]) - shift) : 0.f;
+      }
     }
 #pragma unroll
     for (int r = 0; r < kDotRowsPerWarp; ++r) sums[r] += products[r];
@@ -1385,7 +1462,7 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
 #pragma unroll
   for (int r = 0; r < kDotRowsPerWarp; ++r) {
     const float sum = warp_sum(sums[r]);
-    if (lane == 0 && first + r < rows) dots[first + r] = sum;
+    if (lane == 0 && first + r < rows) dots[first + r] = NORMS ? sqrtf(sum) : sum;
   }
 }
 
@@ -1665,12 +1742,35 @@ void launch_resident(Kernel kernel, const Params<scalar_t>& p, cudaStream_t stre
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Lanes per head of 32-channel heads (8 in the 4-wide layout, 4 in the
+// 8-wide one). The forward of the kinds that sum a head's shares for every
+// edge (GATv2, Dot) is also built for that width: 3 butterfly steps per
+// head sum instead of 5, or 2 instead of 4, with no select.
+template <int VEC>
+constexpr int fixed_head_lanes() {
+  return VEC == 1 ? 0 : kWarp / VEC;
+}
+
+// The fused forward (one pass, scores from the rows), built for the head
+// width where that is one of fixed_head_lanes' widths.
+template <int KIND, int VEC, typename scalar_t>
+void launch_forward(const Params<scalar_t>& p, cudaStream_t stream) {
+  constexpr int kFixed = fixed_head_lanes<VEC>();
+  if constexpr ((KIND == kGatV2 || KIND == kDot) && kFixed > 0) {
+    if (p.geo.lanes_per_head == kFixed) {
+      launch_resident(forward_kernel<KIND, VEC, scalar_t, false, kFixed>, p, stream);
+      return;
+    }
+  }
+  launch_resident(forward_kernel<KIND, VEC, scalar_t>, p, stream);
+}
+
 // The fused forward in the VEC 8 layout (16-bit features only; the host
 // picks it through forward_vector_width).
 template <typename scalar_t>
 void launch_paired_forward(int64_t kind, const Params<scalar_t>& p, cudaStream_t stream) {
   if constexpr (sizeof(scalar_t) == 2) {
-    GNNIO_ATTENTION_KIND_SWITCH(kind, [&] { launch_resident(forward_kernel<KIND, 8, scalar_t>, p, stream); });
+    GNNIO_ATTENTION_KIND_SWITCH(kind, [&] { launch_forward<KIND, 8, scalar_t>(p, stream); });
   } else {
     TORCH_INTERNAL_ASSERT(false, "the VEC 8 attention forward takes 16-bit features only");
   }
@@ -1746,7 +1846,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
       launch_paired_forward<scalar_t>(kind, p, stream);
     } else GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
       if (slot_rows == nullptr) {
-        launch_resident(forward_kernel<KIND, VEC, scalar_t>, p, stream);
+        launch_forward<KIND, VEC, scalar_t>(p, stream);
         return;
       }
       if (num_edges > 0) {
@@ -1907,7 +2007,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
     const at::Tensor& lse, const at::Tensor& delta, double negative_slope, double scale, double dropout,
-    int64_t seed, int64_t offset, const c10::optional<at::Tensor>& edge_grad_slots) {
+    int64_t seed, int64_t offset, bool write_edge_grads) {
   const char* op = kBackwardSource;
   const int64_t num_src = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
@@ -1922,21 +2022,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
   check_tensor(op, "lse", lse, at::kFloat, {num_dst, f.heads});
   check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads});
-  const bool want_edge_grads = edge_grad_slots.has_value();
-  GNNIO_ENSURE(!want_edge_grads || kind == kGat || kind == kDot, op,
-              ": edge_grad_slots are for kinds 0 (GAT) and 2 (dot) only, got kind ", kind);
-  if (want_edge_grads) {
-    const at::Tensor& slots = *edge_grad_slots;
-    GNNIO_ENSURE(slots.is_cuda() && slots.scalar_type() == at::kLong && slots.is_contiguous() &&
-                     slots.dim() == 1 && slots.numel() == num_edges,
-                 op, ": edge_grad_slots must be a contiguous int64 CUDA tensor of ", num_edges, " entries, got ",
-                 slots.scalar_type(), " of shape ", slots.sizes(), " on ", slots.device());
-  }
+  GNNIO_ENSURE(!write_edge_grads || kind == kGat || kind == kDot, op,
+              ": edge gradients are written for kinds 0 (GAT) and 2 (dot) only, got kind ", kind);
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
   const int64_t tiles = schedule.num_tiles;
 
-  at::Tensor edge_grads = at::empty({want_edge_grads ? num_edges : 0, f.heads}, float_options);
+  at::Tensor edge_grads = at::empty({write_edge_grads ? num_edges : 0, f.heads}, float_options);
   // (lse, delta[, |x_dst|, padding]) side by side: the pass gathers them for every edge
   const at::Tensor row_stats =
       kind == kCosine ? at::stack({lse, delta, *dst_scalar, lse}, -1) : at::stack({lse, delta}, -1);
@@ -1963,8 +2055,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     p.grad_vec2 = has_key ? grad_key.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_scalar.data_ptr<scalar_t>() : nullptr;
     p.grad_edge = edge.has_value() ? grad_edge.data_ptr<scalar_t>() : nullptr;
-    p.edge_grads = want_edge_grads ? edge_grads.data_ptr<float>() : nullptr;
-    p.csr_slot = want_edge_grads ? edge_grad_slots->data_ptr<int64_t>() : nullptr;
+    p.edge_grads = write_edge_grads ? edge_grads.data_ptr<float>() : nullptr;
     p.part_vec = part_vec.data_ptr<float>();
     p.part_vec2 = part_vec2.data_ptr<float>();
     p.part_scalar = part_scalar.data_ptr<float>();
@@ -1995,7 +2086,8 @@ at::Tensor attention_backward_target_from_edges(
     const at::Tensor& msg_src,
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
-    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& edge_grads) {
+    const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& edge_grads,
+    const at::Tensor& edge_grad_slots) {
   const char* op = kBackwardTargetFromEdges;
   GNNIO_ENSURE(kind == kGat || kind == kDot, op, ": kind must be 0 (GAT) or 2 (dot), got ", kind);
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
@@ -2006,6 +2098,7 @@ at::Tensor attention_backward_target_from_edges(
   const Features f =
       check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge);
   check_tensor(op, "edge_grads", edge_grads, at::kFloat, {num_edges, f.heads});
+  check_tensor(op, "edge_grad_slots", edge_grad_slots, at::kLong, {num_edges});
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
   const int64_t per_head = kind == kGat ? 1 : f.channels;
@@ -2017,12 +2110,24 @@ at::Tensor attention_backward_target_from_edges(
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
     Params<scalar_t> p = make_params<scalar_t>(f, schedule, order, indices, eid, vec, 0.0, 1.0, 0.0, 0, 0);
     p.edge_grads_in = edge_grads.data_ptr<float>();
+    p.edge_grad_slot = edge_grad_slots.data_ptr<int64_t>();
     p.grad_vec = kind == kDot ? grad_dst.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_dst.data_ptr<scalar_t>() : nullptr;
     p.part_vec = partial.data_ptr<float>();
     p.part_scalar = partial.data_ptr<float>();
-    if (kind == kGat && vec == 4) launch_resident(target_from_edges_kernel<kGat, 4, scalar_t>, p, stream);
-    if (kind == kGat && vec == 1) launch_resident(target_from_edges_kernel<kGat, 1, scalar_t>, p, stream);
+    if (kind == kGat && f.heads <= kMaxLaneHeads) {
+      const int64_t items = schedule.num_tiles + order.busy + order.empty;
+      const int64_t threads = kWarpsPerBlock * kWarp;
+      const bool four_heads = f.heads % 4 == 0 && reinterpret_cast<uintptr_t>(p.edge_grads_in) % 16 == 0;
+      const unsigned blocks = static_cast<unsigned>((items + threads - 1) / threads);
+      if (items > 0 && four_heads) gat_target_sums_kernel<scalar_t, 4><<<blocks, threads, 0, stream>>>(p);
+      if (items > 0 && !four_heads) gat_target_sums_kernel<scalar_t, 1><<<blocks, threads, 0, stream>>>(p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else if (kind == kGat && vec == 4) {
+      launch_resident(target_from_edges_kernel<kGat, 4, scalar_t>, p, stream);
+    } else if (kind == kGat) {
+      launch_resident(target_from_edges_kernel<kGat, 1, scalar_t>, p, stream);
+    }
     if (kind == kDot && vec == 4) launch_resident(target_from_edges_kernel<kDot, 4, scalar_t>, p, stream);
     if (kind == kDot && vec == 1) launch_resident(target_from_edges_kernel<kDot, 1, scalar_t>, p, stream);
     sum_tiles(schedule, f.heads * per_head, partial, grad_dst);
@@ -2050,8 +2155,10 @@ at::Tensor attention_row_norms(const at::Tensor& x) {
   if (rows == 0 || x.size(2) == 0) return norm.zero_();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), kRowNorms, [&] {
-    row_norms_kernel<scalar_t><<<unit_row_blocks(rows), kWarpsPerBlock * kWarp, 0, stream>>>(
-        x.data_ptr<scalar_t>(), rows, static_cast<int>(x.size(2)), norm.data_ptr<float>());
+    row_dots_kernel<scalar_t, true><<<unit_row_blocks((rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp),
+                                      kWarpsPerBlock * kWarp, 0, stream>>>(
+        x.data_ptr<scalar_t>(), nullptr, nullptr, rows, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
+        norm.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return norm;
@@ -2137,12 +2244,12 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   for the source pass).
 // attention_backward_source -> (grad of msg_src, grad of key_src (dot, else
 //   empty), grad of src_scalar (GAT, else empty), grad of edge (else empty),
-//   edge_grads fp32 [E, H] in CSR slot order when edge_grad_slots (int64 [E]:
-//   the CSR slot of each CSC slot) is given, GAT and dot only: each edge's
-//   s_e = d z_e (GAT) or scale * d score_e (dot); else empty).
+//   edge_grads fp32 [E, H] in CSC slot order when write_edge_grads, GAT and
+//   dot only: each edge's s_e = d z_e (GAT) or scale * d score_e (dot); else empty).
 // attention_backward_target_from_edges(kind 0 or 2, CSR graph, tensors,
-//   edge_grads) -> grad of dst_scalar [Nd, H] (GAT) or of dst_vec [Nd, H, C]
-//   (dot): sums over each target's in-edges of s_e (x key_s + edge_e).
+//   edge_grads, edge_grad_slots int64 [E]: the CSC slot of each CSR slot) ->
+//   grad of dst_scalar [Nd, H] (GAT) or of dst_vec [Nd, H, C] (dot): sums
+//   over each target's in-edges of s_e (x key_s + edge_e).
 // attention_row_dots(a, b [N, H, C], offset [H, C] or None) -> <a, b - offset>
 //   fp32 [N, H] (delta from the saved output, less a bias the forward added).
 //   Cosine: the first holds the whole d out / d x_src (messages, scores, and
@@ -2169,8 +2276,9 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_source(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "Tensor grad_out, Tensor lse, Tensor delta, float negative_slope, float scale, float dropout, int seed, "
-        "int offset, Tensor? edge_grad_slots) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("attention_backward_target_from_edges(int kind, " GNNIO_ATTENTION_GRAPH_ARGS "Tensor edge_grads) -> Tensor");
+        "int offset, bool write_edge_grads) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("attention_backward_target_from_edges(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
+        "Tensor edge_grads, Tensor edge_grad_slots) -> Tensor");
   m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
   m.def("attention_row_norms(Tensor x) -> Tensor");
   m.def("attention_row_dots(Tensor a, Tensor b, Tensor? offset=None) -> Tensor");

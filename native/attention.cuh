@@ -102,9 +102,13 @@ __device__ __forceinline__ void store_f32(T* __restrict__ p, const float (&in)[V
 // call. A loop over the runtime lane count cost about 20 instructions per
 // call for 8 lanes, this costs 10 to 15; it runs once or twice per edge.
 // Butterfly order: every lane of a head ends with bit-identical sums.
+// MAX_LANES bounds the steps at compile time: an edge group's width (a head
+// never spans two groups), or the head's exact width where the kernel was
+// built for it (lanes == MAX_LANES: every select folds away).
+template <int MAX_LANES>
 __device__ __forceinline__ float head_sum(float value, int lanes) {
 #pragma unroll
-  for (int offset = 1; offset < kWarp; offset <<= 1) {
+  for (int offset = 1; offset < MAX_LANES; offset <<= 1) {
     const float other = __shfl_xor_sync(kFullMask, value, offset);
     if (offset < lanes) value += other;
   }

@@ -139,6 +139,14 @@ def test_matches_fp64_reference(kind, heads, channels):
     check_against_oracle(kind, graph, inputs, return_attention=True)
 
 
+@pytest.mark.parametrize("channels", [7, 32])
+def test_gat_with_more_heads_than_one_lane_sums(channels):
+    """Past 8 heads GAT's d alpha_dst comes from the warp-per-row sums, not the lane-per-row ones."""
+    graph = small_graph().to("cuda")
+    inputs = make_inputs("gat", graph, 9, channels, torch.float32, seed=9000 + channels)
+    check_against_oracle("gat", graph, inputs)
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("kind", EDGE_KINDS)
 def test_edge_features_and_index_dtypes(kind, index_dtype):
@@ -567,7 +575,9 @@ def test_target_from_edges_refuses_other_kinds():
     graph, call, tensors = gatv2_op_arguments()
     edge_grads = torch.ones(graph.num_edges, 2, device="cuda")
     with pytest.raises(RuntimeError, match=r"attention_backward_target_from_edges: kind must be 0 \(GAT\) or 2"):
-        torch.ops.gnnio.attention_backward_target_from_edges(attention_native.GATV2, *call.csr_args(), *tensors, edge_grads)
+        torch.ops.gnnio.attention_backward_target_from_edges(
+            attention_native.GATV2, *call.csr_args(), *tensors, edge_grads, attention_native.edge_grad_slots(graph)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

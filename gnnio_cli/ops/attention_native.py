@@ -207,13 +207,13 @@ def slot_rows(graph: Graph) -> torch.Tensor:
 
 
 def edge_grad_slots(graph: Graph) -> torch.Tensor:
-    """int64 [E]: the CSR slot of each CSC slot, cached on the graph. GAT's and DOT's source pass
-    writes each edge's score gradient there, so the target pass reads a row's as one run."""
+    """int64 [E]: the CSC slot of each CSR slot, cached on the graph. GAT's and DOT's source pass
+    writes each edge's score gradient in its own (CSC) slot order; the target pass finds a row's there."""
 
     def build() -> torch.Tensor:
-        csr_slot_of_eid = torch.empty_like(graph.csr_eid)
-        csr_slot_of_eid[graph.csr_eid] = torch.arange(graph.num_edges, device=graph.csr_eid.device)
-        return csr_slot_of_eid.index_select(0, graph.csc_eid)
+        csc_slot_of_eid = torch.empty_like(graph.csc_eid)
+        csc_slot_of_eid[graph.csc_eid] = torch.arange(graph.num_edges, device=graph.csc_eid.device)
+        return csc_slot_of_eid.index_select(0, graph.csr_eid)
 
     return graph.cached(("attention_edge_grad_slots",), build)
 
@@ -282,7 +282,7 @@ def _source_first(kind: int, dtype: torch.dtype) -> bool:
     """Whether the backward runs the source pass first (GAT and DOT in fp32) or the target pass first.
 
     GAT's and DOT's target-side gradients are linear in the per-edge score
-    gradients, which the source pass then writes ([E, H] fp32, CSR slot order), so
+    gradients, which the source pass then writes ([E, H] fp32, in CSC slot order), so
     the target pass gathers one row per edge (DOT's key) or none (GAT) instead of
     recomputing every score from two. The source pass needs delta = <grad_out, out>
     first: it comes from the saved output (one more [Nd, H, C] tensor kept for
@@ -326,11 +326,10 @@ class _FusedAttention(torch.autograd.Function):
         if out is not None:
             delta = torch.ops.gnnio.attention_row_dots(grad_out, out, bias)
             grad_msg, grad_key, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(),
-                edge_grad_slots(call.graph),
+                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(), True
             )
             grad_dst = torch.ops.gnnio.attention_backward_target_from_edges(
-                call.kind, *call.csr_args(), *tensors, edge_grads
+                call.kind, *call.csr_args(), *tensors, edge_grads, edge_grad_slots(call.graph)
             )
             grad_att = None
         else:
@@ -338,7 +337,7 @@ class _FusedAttention(torch.autograd.Function):
                 call.kind, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
             )
             grad_msg, grad_key, grad_src_scalar, grad_edge, _ = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(), None
+                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(), False
             )
         has_edge = tensors[6] is not None
         if call.kind == GAT:
@@ -482,7 +481,7 @@ class _CosineAttention(torch.autograd.Function):
         # The source pass returns d x_src whole; when x_dst is x_src it also takes d u_dst (key_src's slot).
         source_tensors = (x_src, grad_unit_dst if ctx.shared else None, *tensors[2:])
         grad_src, *_ = torch.ops.gnnio.attention_backward_source(
-            COSINE, *call.csc_args(), *source_tensors, grad_out, lse, delta, *call.score_args(), None
+            COSINE, *call.csc_args(), *source_tensors, grad_out, lse, delta, *call.score_args(), False
         )
         grad_dst = None
         if not ctx.shared:
