@@ -81,10 +81,13 @@ class _SharedInputAffine(torch.autograd.Function):
     """F.linear(x, w_i, b_i) for one or several projections (w_1, b_1, w_2, b_2, ...) of one x.
 
     Biases get bias_gradient (any may be None; the GEMMs are F.linear's).
-    With several projections, backward forms x's gradient as g_1 @ w_1 and adds each further g_i @ w_i
+    With several projections, backward forms x's gradient as one g_i @ w_i and adds each further one
     inside its GEMM (addmm_, beta = 1), instead of one GEMM per projection and
     the sums of their [N, F] results that autograd would run for separate
-    projections.
+    projections. The narrowest g_i come first and the widest last: a GEMM with
+    a wide g is bound by its arithmetic, so the read of the sum it adds to
+    hides behind it, where a narrow one (GATConv's score terms, 8 wide) is
+    bound by memory and would pay for reading and writing the whole sum again.
     """
 
     @staticmethod
@@ -100,9 +103,10 @@ class _SharedInputAffine(torch.autograd.Function):
         grads = [g.reshape(-1, g.shape[-1]) for g in grads]
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grads[0] @ weights[0]
-            for g, w in zip(grads[1:], weights[1:]):
-                grad_x.addmm_(g, w)
+            narrow_first = sorted(range(len(grads)), key=lambda i: grads[i].shape[-1])
+            grad_x = grads[narrow_first[0]] @ weights[narrow_first[0]]
+            for i in narrow_first[1:]:
+                grad_x.addmm_(grads[i], weights[i])
             grad_x = grad_x.view(x.shape)
         param_grads = []
         for i, g in enumerate(grads):
