@@ -1564,7 +1564,7 @@ struct Features {
 void check_tensor(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype,
                   std::initializer_list<int64_t> shape) {
   GNNIO_ENSURE(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
-  GNNIO_ENSURE(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, " like msg_src, got ", t.scalar_type());
+  GNNIO_ENSURE(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", t.scalar_type());
   GNNIO_ENSURE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
   GNNIO_ENSURE(t.sizes().equals(shape), op, ": ", name, " must have shape ", at::IntArrayRef(shape), ", got ",
               t.sizes());
