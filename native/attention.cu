@@ -49,8 +49,10 @@
 
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <numeric>
 #include <type_traits>
 
 namespace gnnio {
@@ -106,10 +108,14 @@ struct Params {
   scalar_t* grad_vec;     // target pass: d query / d x_dst; source pass: d value / d x_src
   scalar_t* grad_vec2;    // source pass, Dot: d key
   scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
+  // elements between rows of grad_vec and grad_scalar: H * C and H, or for GAT's packed
+  // gradients both H * C + 2H (see attention_backward_source)
+  int64_t grad_vec_stride;
+  int64_t grad_scalar_stride;
   scalar_t* grad_edge;
-  // GAT and Dot: each edge's score gradient s_e, fp32 [E, H] in CSC slot order, written by
-  // the source pass (edge_grads) and summed by target_from_edges_kernel (edge_grads_in, at
-  // edge_grad_slot[its CSR slot])
+  // GAT and Dot: each edge's score gradient s_e, fp32 [E, H] in CSC slot order, written
+  // by the source pass (edge_grads) and summed by gat_target_sums_kernel or
+  // dot_target_from_edges_kernel (edge_grads_in, at edge_grad_slot[its CSR slot])
   float* edge_grads;
   const float* edge_grads_in;
   const int64_t* edge_grad_slot;
@@ -232,13 +238,19 @@ __device__ __forceinline__ float lane_sum(float share, const LaneGeometry& geo, 
   return head_sum<Layout<VEC>::kGroupLanes>(mine, geo.lanes_per_head);
 }
 
+// This lane's chunks of one [H, C] row starting at `row`.
 template <int VEC, typename T>
-__device__ __forceinline__ void store_row(T* __restrict__ base, int64_t node, const LaneGeometry& geo,
-                                          const Lane<VEC>& lane, const float (&x)[Layout<VEC>::kChunks][VEC]) {
-  T* row = row_start(base, node, geo);
+__device__ __forceinline__ void store_row_at(T* __restrict__ row, const Lane<VEC>& lane,
+                                             const float (&x)[Layout<VEC>::kChunks][VEC]) {
 #pragma unroll
   for (int k = 0; k < Layout<VEC>::kChunks; ++k)
     if (lane.ok[k]) store_f32<VEC>(row + lane.offset[k], x[k]);
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_row(T* __restrict__ base, int64_t node, const LaneGeometry& geo,
+                                          const Lane<VEC>& lane, const float (&x)[Layout<VEC>::kChunks][VEC]) {
+  store_row_at<VEC>(row_start(base, node, geo), lane, x);
 }
 
 template <typename T>
@@ -1232,9 +1244,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
     if (item.partial < 0) {
       // Cosine: d x_src whole (the heavy rows' tiles get it from a node pass over those rows)
       if constexpr (KIND == kCosine) cosine_source_row_grad<VEC>(p, item.row, geo, lane, message, norm, key_grad, source_grad);
-      store_row<VEC>(p.grad_vec, item.row, geo, lane, source_grad);
+      store_row_at<VEC>(p.grad_vec + item.row * p.grad_vec_stride, lane, source_grad);
       if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
-      if (KIND == kGat && writer) p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_grad);
+      if (KIND == kGat && writer) {
+        p.grad_scalar[item.row * p.grad_scalar_stride + lane.head] = static_cast<scalar_t>(scalar_grad);
+      }
     } else {
       store_row<VEC>(p.part_vec, item.partial, geo, lane, source_grad);
       if constexpr (KIND == kDot || KIND == kCosine) store_row<VEC>(p.part_vec2, item.partial, geo, lane, key_grad);
@@ -1252,10 +1266,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       cosine_source_row_grad<VEC>(p, row, geo, lane, x, norm, zero, grad);
       store_row<VEC>(p.grad_vec, row, geo, lane, grad);
     } else {
-      store_row<VEC>(p.grad_vec, row, geo, lane, zero);
+      store_row_at<VEC>(p.grad_vec + row * p.grad_vec_stride, lane, zero);
     }
     if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, row, geo, lane, zero);
-    if (KIND == kGat && writer) p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
+    if (KIND == kGat && writer) p.grad_scalar[row * p.grad_scalar_stride + lane.head] = static_cast<scalar_t>(0.f);
   });
 }
 
@@ -1264,97 +1278,69 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 // gradients s_e the source pass wrote (edge_grads, CSC slot order):
 //   GAT: d alpha_dst[t] = sum_{e into t} s_e,  s_e = d z_e (z = alpha_src + alpha_dst + edge);
 //   Dot: d query[t]     = sum_{e into t} s_e (key_s + edge_e),  s_e = scale * d score_e.
-// So this pass gathers no row at all for GAT (only each edge's H values of
-// s_e) and only the key row for Dot, against backward_target_kernel's
+// So these passes gather no row at all for GAT (only each edge's H values of
+// s_e, gat_target_sums_kernel) and only the key row for Dot
+// (dot_target_from_edges_kernel), against backward_target_kernel's
 // recomputation from two rows per edge (Dot: key and value; GAT: x_src for
 // <g_t, x_src>). The price is delta (attention_row_dots of the saved output)
 // before the source pass. The source pass writes s_e where it computes them,
-// in its own slot order, and this pass gathers them (edge_grad_slot): a
+// in its own slot order, and these passes gather them (edge_grad_slot): a
 // gathered read costs one sector, a scattered partial-sector write costs the
 // memory a read and a write of it. GATConv on rmat20 (H100, 4 x 32): source
-// pass 4.19 -> 3.51 ms, GAT's target sums 0.69 -> 0.71 ms (gat_target_sums_kernel;
-// this kernel's warp per row took 1.05 ms gathering).
-template <int KIND, int VEC, typename scalar_t>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<KIND, VEC>())
-    target_from_edges_kernel(const Params<scalar_t> p) {
-  static_assert(KIND == kGat || KIND == kDot, "only GAT's and Dot's target gradients are linear in s_e");
-  // edges per step, all their loads issued first: Dot keeps one key row per edge (4 fit its 80
-  // registers), GAT only one scalar per edge
-  constexpr int U = KIND == kDot ? 4 : 16;
+// pass 4.19 -> 3.51 ms.
+template <int VEC, typename scalar_t>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<kDot, VEC>())
+    dot_target_from_edges_kernel(const Params<scalar_t> p) {
+  constexpr int U = 4;  // edges per step, all their loads issued first: a key row each, 4 fit in 80 registers
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Lane<VEC> lane(geo);
-  const bool writer = lane.head_ok && lane.in_head == 0;
-  const auto edge_grad = [&](int64_t slot, bool valid) {
-    return valid && lane.head_ok ? p.edge_grads_in[slot * geo.heads + lane.head] : 0.f;
-  };
 
   for_each_item(p, lane.lane, [&](const WorkItem& item) {
     Chunks<VEC> sum;
     set_zero<VEC>(sum);
-    float scalar_sum = 0.f;
-    if constexpr (KIND == kDot) {
-      for_each_step<U>(item.begin, item.end, p.indices, p.eid, p.edge != nullptr, lane.lane,
-                       [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
-        float grad[U];
-        Chunks<VEC> key[U];
+    for_each_step<U>(item.begin, item.end, p.indices, p.eid, p.edge != nullptr, lane.lane,
+                     [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
+      float grad[U];
+      Chunks<VEC> key[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) grad[u] = edge_grad(edge_id.mapped(u), valid[u]);
-#pragma unroll
-        for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
-        add_edge_features<VEC, U>(p, edge_id, geo, lane, key);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (valid[u]) add_scaled<VEC>(sum, grad[u], key[u]);
-      }, p.edge_grad_slot);
-    } else {
-      // no neighbour needed: only where each of the row's s_e lies, 32 slots' positions at a time
-      for (int64_t base = item.begin; base < item.end; base += kWarp) {
-        const int count = item.end - base < kWarp ? static_cast<int>(item.end - base) : kWarp;
-        const uint32_t my_slot = lane.lane < count ? static_cast<uint32_t>(p.edge_grad_slot[base + lane.lane]) : 0;
-        for (int first = 0; first < count; first += U) {
-          float grad[U];
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const bool valid = first + u < count;
-            grad[u] = edge_grad(__shfl_sync(kFullMask, my_slot, valid ? first + u : 0), valid);
-          }
-#pragma unroll
-          for (int u = 0; u < U; ++u) scalar_sum += grad[u];
-        }
+      for (int u = 0; u < U; ++u) {
+        const int64_t slot = edge_id.mapped(u);  // a shuffle: every lane takes part, whatever it then reads
+        grad[u] = valid[u] && lane.head_ok ? p.edge_grads_in[slot * geo.heads + lane.head] : 0.f;
       }
-    }
+#pragma unroll
+      for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, key[u]);
+      add_edge_features<VEC, U>(p, edge_id, geo, lane, key);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (valid[u]) add_scaled<VEC>(sum, grad[u], key[u]);
+    }, p.edge_grad_slot);
     if (item.partial < 0) {
-      if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec, item.row, geo, lane, sum);
-      if (KIND == kGat && writer) p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_sum);
+      store_row<VEC>(p.grad_vec, item.row, geo, lane, sum);
     } else {
-      if constexpr (KIND == kDot) store_row<VEC>(p.part_vec, item.partial, geo, lane, sum);
-      if (KIND == kGat && writer) p.part_scalar[item.partial * geo.heads + lane.head] = scalar_sum;
+      store_row<VEC>(p.part_vec, item.partial, geo, lane, sum);
     }
   }, [&](int64_t row) {
-    if constexpr (KIND == kDot) {
-      Chunks<VEC> zero;
-      set_zero<VEC>(zero);
-      store_row<VEC>(p.grad_vec, row, geo, lane, zero);
-    } else if (writer) {
-      p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
-    }
+    Chunks<VEC> zero;
+    set_zero<VEC>(zero);
+    store_row<VEC>(p.grad_vec, row, geo, lane, zero);
   });
 }
 
-// GAT's d alpha_dst (target_from_edges_kernel's sums) with one work item per
-// lane instead of per warp: a row's sum is a walk over its slots, each a
-// read of where its s_e lies (edge_grad_slot) and then of its H values, so a
-// warp per row keeps only one row's few loads in flight behind three
-// dependent latencies (bounds, slot map, s_e). 32 rows per warp keep 32
-// times as many; the items come longest first (for_each_item's order), so a
-// warp's lanes walk rows of about the same length. Same sums in the same
-// (slot) order as target_from_edges_kernel. Heads up to kMaxLaneHeads
-// (the sums stay in registers); HEAD_VEC 4 (H % 4 == 0, s_e 16-byte
-// aligned) reads four heads' s_e in one load.
-constexpr int kMaxLaneHeads = 8;
+// GAT's d alpha_dst with one work item per lane: a row's sum is a walk over
+// its slots, each a read of where its s_e lies (edge_grad_slot) and then of
+// its H values, so a warp per row would keep only one row's few loads in
+// flight behind three dependent latencies (bounds, slot map, s_e): 1.05 ms
+// on rmat20 against 0.71 ms this way. 32 rows per warp keep 32 times as
+// many; the items come longest first (for_each_item's order), so a warp's
+// lanes walk rows of about the same length. The sums stay in registers, so
+// a row is walked once per group of kLaneHeads heads (once for H <= 8);
+// HEAD_VEC 4 (H % 4 == 0, s_e 16-byte aligned) reads four heads' s_e in one
+// load. The slot order is the sums' order, so results are deterministic.
+constexpr int kLaneHeads = 8;
 
 template <typename scalar_t, int HEAD_VEC>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) gat_target_sums_kernel(const Params<scalar_t> p) {
+  static_assert(kLaneHeads % HEAD_VEC == 0, "a head group is whole loads");
   constexpr int U = 8;  // slots whose loads are issued together
   const RowSchedule& s = p.schedule;
   const int heads = p.geo.heads;
@@ -1372,36 +1358,40 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) gat_target_sums_kernel(
     item.end = bounds[2];
     item.partial = -1;
   }
-  float sum[kMaxLaneHeads] = {};
-  for (int64_t first = item.begin; first < item.end; first += U) {
-    int64_t at[U];
+  for (int first_head = 0; first_head < heads; first_head += kLaneHeads) {
+    const int group_heads = heads - first_head < kLaneHeads ? heads - first_head : kLaneHeads;
+    const float* group_grads = p.edge_grads_in + first_head;
+    float sum[kLaneHeads] = {};
+    for (int64_t first = item.begin; first < item.end; first += U) {
+      int64_t at[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) at[u] = first + u < item.end ? p.edge_grad_slot[first + u] * heads : -1;
+      for (int u = 0; u < U; ++u) at[u] = first + u < item.end ? p.edge_grad_slot[first + u] * heads : -1;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (at[u] < 0) continue;
+      for (int u = 0; u < U; ++u) {
+        if (at[u] < 0) continue;
 #pragma unroll
-      for (int h = 0; h < kMaxLaneHeads; h += HEAD_VEC) {
-        if (h >= heads) break;
-        if constexpr (HEAD_VEC == 4) {
-          const float4 four = *reinterpret_cast<const float4*>(p.edge_grads_in + at[u] + h);
-          sum[h] += four.x;
-          sum[h + 1] += four.y;
-          sum[h + 2] += four.z;
-          sum[h + 3] += four.w;
-        } else {
-          sum[h] += p.edge_grads_in[at[u] + h];
+        for (int h = 0; h < kLaneHeads; h += HEAD_VEC) {
+          if (h >= group_heads) break;
+          if constexpr (HEAD_VEC == 4) {
+            const float4 four = *reinterpret_cast<const float4*>(group_grads + at[u] + h);
+            sum[h] += four.x;
+            sum[h + 1] += four.y;
+            sum[h + 2] += four.z;
+            sum[h + 3] += four.w;
+          } else {
+            sum[h] += group_grads[at[u] + h];
+          }
         }
       }
     }
-  }
 #pragma unroll
-  for (int h = 0; h < kMaxLaneHeads; ++h) {
-    if (h >= heads) break;
-    if (item.partial < 0) {
-      p.grad_scalar[item.row * heads + h] = static_cast<scalar_t>(sum[h]);
-    } else {
-      p.part_scalar[item.partial * heads + h] = sum[h];
+    for (int h = 0; h < kLaneHeads; ++h) {
+      if (h >= group_heads) break;
+      if (item.partial < 0) {
+        p.grad_scalar[item.row * p.grad_scalar_stride + first_head + h] = static_cast<scalar_t>(sum[h]);
+      } else {
+        p.part_scalar[item.partial * heads + first_head + h] = sum[h];
+      }
     }
   }
 }
@@ -1420,49 +1410,81 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) gat_target_sums_kernel(
 // dots[r] = <a[r], b[r] - offset[r % heads]> per (node, head) row in fp32:
 // GAT's and Dot's delta = <g_t, out_t> from the saved output (less the
 // output bias the forward added, when it did), before their source pass.
+// With lse (fp32 [rows]) the rows' softmax statistics come out instead:
+// dots[2r] = lse[r], dots[2r + 1] = the dot, the (lse, delta) pairs the
+// source pass gathers per edge, without a separate pass stacking them.
 // NORMS: dots[r] = |a[r]| instead (b and offset unused), Cosine's row norms.
 // Each warp takes kDotRowsPerWarp consecutive rows (contiguous memory) and
 // issues all their loads before the first sum: with one row per warp the
 // loads in flight were too few (H100, rmat20 4 x 32: 0.63 ms for 1 GiB read;
-// the norms of a bf16 1 x 128 x took 0.144 ms for 256 MiB that way).
+// the norms of a bf16 1 x 128 x took 0.144 ms for 256 MiB that way). Warps
+// then move on by `warps` groups of rows (one group each when the host
+// launches a warp per group).
+//
+// column_partials (channels <= 32, one channel per lane): a's column sums
+// as well, the gradient of the output bias the forward added to every row,
+// from the read this kernel makes anyway instead of a second pass over a
+// (GATConv on rmat20: a 0.19 ms matrix-vector product per step). Each warp
+// sums per (row position r, channel) in registers and writes its sums once,
+// as partial row warp * kDotRowsPerWarp + r; the host launches a multiple of
+// heads / gcd(heads, kDotRowsPerWarp) warps, so that position's rows are all
+// of head (warp * kDotRowsPerWarp + r) % heads and attention_row_dots adds
+// the partial rows of each head in a fixed order.
 constexpr int kDotRowsPerWarp = 8;
+constexpr int kMaxBiasChannels = kWarp;
 
 template <typename scalar_t, bool NORMS = false>
 __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
-                                const scalar_t* __restrict__ offset, int64_t rows, int heads, int channels,
-                                float* __restrict__ dots) {
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * kDotRowsPerWarp;
-  if (first >= rows) return;  // warp-uniform
+                                const scalar_t* __restrict__ offset, const float* __restrict__ lse, int64_t rows,
+                                int heads, int channels, int64_t warps, float* __restrict__ dots,
+                                float* __restrict__ column_partials) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (warp >= warps) return;  // warp-uniform
   const int lane = threadIdx.x & (kWarp - 1);
-  // each row's head's offset, found once per row: a 64-bit remainder per
-  // element doubled the kernel's time (H100, rmat20 4 x 32: 0.41 -> 0.91 ms)
-  int head_of[kDotRowsPerWarp];
-  head_of[0] = static_cast<int>(first % heads);
+  float column[kDotRowsPerWarp] = {};
+  for (int64_t first = warp * kDotRowsPerWarp; first < rows; first += warps * kDotRowsPerWarp) {
+    // each row's head's offset, found once per row: a 64-bit remainder per
+    // element doubled the kernel's time (H100, rmat20 4 x 32: 0.41 -> 0.91 ms)
+    int head_of[kDotRowsPerWarp];
+    head_of[0] = static_cast<int>(first % heads);
 #pragma unroll
-  for (int r = 1; r < kDotRowsPerWarp; ++r) head_of[r] = head_of[r - 1] + 1 == heads ? 0 : head_of[r - 1] + 1;
-  float sums[kDotRowsPerWarp] = {};
-  for (int c = lane; c - lane < channels; c += kWarp) {  // every lane takes each round (the sums are whole-warp)
-    float products[kDotRowsPerWarp];
+    for (int r = 1; r < kDotRowsPerWarp; ++r) head_of[r] = head_of[r - 1] + 1 == heads ? 0 : head_of[r - 1] + 1;
+    float sums[kDotRowsPerWarp] = {};
+    for (int c = lane; c - lane < channels; c += kWarp) {  // every lane takes each round (the sums are whole-warp)
+      float products[kDotRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < kDotRowsPerWarp; ++r) {
-      const int64_t row = first + r;
-      const bool valid = row < rows && c < channels;
-      const int64_t at = row * channels + c;
-      if constexpr (NORMS) {
+      for (int r = 0; r < kDotRowsPerWarp; ++r) {
+        const int64_t row = first + r;
+        const bool valid = row < rows && c < channels;
+        const int64_t at = row * channels + c;
         const float value = valid ? static_cast<float>(a[at]) : 0.f;
-        products[r] = value * value;
-      } else {
-        const float shift = valid && offset != nullptr ? static_cast<float>(offset[head_of[r] * channels + c]) : 0.f;
-        products[r] = valid ? static_cast<float>(a[at]) * (static_cast<float>(b[at]) - shift) : 0.f;
+        if constexpr (NORMS) {
+          products[r] = value * value;
+        } else {
+          const float shift = valid && offset != nullptr ? static_cast<float>(offset[head_of[r] * channels + c]) : 0.f;
+          products[r] = valid ? value * (static_cast<float>(b[at]) - shift) : 0.f;
+          column[r] += value;  // read only with column_partials (one channel round then)
+        }
       }
+#pragma unroll
+      for (int r = 0; r < kDotRowsPerWarp; ++r) sums[r] += products[r];
     }
 #pragma unroll
-    for (int r = 0; r < kDotRowsPerWarp; ++r) sums[r] += products[r];
+    for (int r = 0; r < kDotRowsPerWarp; ++r) {
+      const float sum = warp_sum(sums[r]);
+      if (lane != 0 || first + r >= rows) continue;
+      if (lse != nullptr) {
+        reinterpret_cast<float2*>(dots)[first + r] = make_float2(lse[first + r], sum);
+      } else {
+        dots[first + r] = NORMS ? sqrtf(sum) : sum;
+      }
+    }
   }
+  if (column_partials != nullptr && lane < channels) {
 #pragma unroll
-  for (int r = 0; r < kDotRowsPerWarp; ++r) {
-    const float sum = warp_sum(sums[r]);
-    if (lane == 0 && first + r < rows) dots[first + r] = NORMS ? sqrtf(sum) : sum;
+    for (int r = 0; r < kDotRowsPerWarp; ++r) {
+      column_partials[(warp * kDotRowsPerWarp + r) * channels + lane] = column[r];
+    }
   }
 }
 
@@ -1698,6 +1720,8 @@ Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, con
     p.att = ptr_or_null<scalar_t>(f.att);
   }
   p.edge = ptr_or_null<scalar_t>(f.edge);
+  p.grad_vec_stride = f.heads * f.channels;
+  p.grad_scalar_stride = f.heads;
   p.slope = static_cast<float>(negative_slope);
   p.scale = static_cast<float>(scale);
   p.dropout = Dropout{static_cast<float>(dropout), dropout < 1.0 ? static_cast<float>(1.0 / (1.0 - dropout)) : 0.f,
@@ -1998,6 +2022,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 // Blocks of the node-level Cosine kernels: one warp per (node, head) row.
 unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// GAT's packed gradients (see the schemas): [N, H * C + 2H], rows of (d x_src,
+// d alpha_src, d alpha_dst), for x_src and alpha_dst rows of the same nodes.
+int64_t check_packed_grads(const char* op, const c10::optional<at::Tensor>& packed, const Features& f,
+                           int64_t num_dst) {
+  if (!packed.has_value()) return 0;
+  GNNIO_ENSURE(f.kind == kGat, op, ": packed_grads are for kind 0 (GAT) only, got kind ", f.kind);
+  GNNIO_ENSURE(f.num_src == num_dst, op, ": packed_grads need as many sources as targets, got ", f.num_src, " and ",
+              num_dst);
+  const int64_t width = f.heads * f.channels + 2 * f.heads;
+  check_tensor(op, "packed_grads", *packed, f.dtype, {f.num_src, width});
+  return width;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_source(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
@@ -2007,7 +2044,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
     const at::Tensor& lse, const at::Tensor& delta, double negative_slope, double scale, double dropout,
-    int64_t seed, int64_t offset, bool write_edge_grads) {
+    int64_t seed, int64_t offset, bool write_edge_grads, const c10::optional<at::Tensor>& packed_grads) {
   const char* op = kBackwardSource;
   const int64_t num_src = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
@@ -2021,7 +2058,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   GNNIO_ENSURE(f.num_src == num_src, op, ": msg_src has ", f.num_src, " rows but the CSC has ", num_src);
   check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
   check_tensor(op, "lse", lse, at::kFloat, {num_dst, f.heads});
-  check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads});
+  // delta alone, or already beside lse (attention_row_dots with lse)
+  const bool paired = delta.dim() == 3 && kind != kCosine;
+  if (paired) check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads, 2});
+  if (!paired) check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads});
   GNNIO_ENSURE(!write_edge_grads || kind == kGat || kind == kDot, op,
               ": edge gradients are written for kinds 0 (GAT) and 2 (dot) only, got kind ", kind);
   const c10::cuda::CUDAGuard guard(msg_src.device());
@@ -2030,24 +2070,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
 
   at::Tensor edge_grads = at::empty({write_edge_grads ? num_edges : 0, f.heads}, float_options);
   // (lse, delta[, |x_dst|, padding]) side by side: the pass gathers them for every edge
-  const at::Tensor row_stats =
-      kind == kCosine ? at::stack({lse, delta, *dst_scalar, lse}, -1) : at::stack({lse, delta}, -1);
-  at::Tensor grad_msg = at::empty({num_src, f.heads, f.channels}, msg_src.options());
+  const at::Tensor row_stats = paired            ? delta
+                               : kind == kCosine ? at::stack({lse, delta, *dst_scalar, lse}, -1)
+                                                 : at::stack({lse, delta}, -1);
+  const int64_t packed_width = check_packed_grads(op, packed_grads, f, num_dst);
+  const int64_t row_width = f.heads * f.channels;
+  // packed: d x_src and d alpha_src are views of packed_grads' rows
+  at::Tensor grad_msg = packed_width > 0 ? packed_grads->narrow(1, 0, row_width).view({num_src, f.heads, f.channels})
+                                         : at::empty({num_src, f.heads, f.channels}, msg_src.options());
   // Cosine: d u_src through the scores, kept only for the heavy rows' node pass (the light rows' is folded in)
   const bool has_key = kind == kDot || kind == kCosine;
   const int64_t key_rows = kind == kDot || (kind == kCosine && schedule.num_heavy > 0) ? num_src : 0;
   at::Tensor grad_key = at::empty({key_rows, f.heads, f.channels}, msg_src.options());
-  at::Tensor grad_scalar = at::empty({kind == kGat ? num_src : 0, f.heads}, msg_src.options());
+  at::Tensor grad_scalar = packed_width > 0 ? packed_grads->narrow(1, row_width, f.heads)
+                                            : at::empty({kind == kGat ? num_src : 0, f.heads}, msg_src.options());
   at::Tensor grad_edge = edge.has_value() ? at::empty_like(*edge) : at::empty({0}, msg_src.options());
   at::Tensor part_vec = at::empty({tiles, f.heads, f.channels}, float_options);
   at::Tensor part_vec2 = at::empty({has_key ? tiles : 0, f.heads, f.channels}, float_options);
   at::Tensor part_scalar = at::empty({kind == kGat ? tiles : 0, f.heads}, float_options);
-  const int vec = vector_width(f, {&grad_out, &grad_msg, &grad_key, &grad_edge});
+  // 4-wide stores into packed rows need their width a multiple of 4 as well
+  const int vec = packed_width % 4 == 0 ? vector_width(f, {&grad_out, &grad_msg, &grad_key, &grad_edge}) : 1;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
     Params<scalar_t> p =
         make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
+    if (packed_width > 0) p.grad_vec_stride = p.grad_scalar_stride = packed_width;
     p.grad_out = grad_out.data_ptr<scalar_t>();
     p.row_stats = row_stats.data_ptr<float>();
     p.stats_width = static_cast<int>(row_stats.size(2));
@@ -2078,7 +2126,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
 }
 
 // GAT's and Dot's target-side gradients from the source pass's edge_grads
-// (target_from_edges_kernel): d alpha_dst [Nd, H] or d query [Nd, H, C].
+// (gat_target_sums_kernel, dot_target_from_edges_kernel): d alpha_dst [Nd, H] or d query [Nd, H, C].
 at::Tensor attention_backward_target_from_edges(
     int64_t kind, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
     const at::Tensor& tile_row, const at::Tensor& tile_start, const at::Tensor& heavy_rows,
@@ -2087,7 +2135,7 @@ at::Tensor attention_backward_target_from_edges(
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& edge_grads,
-    const at::Tensor& edge_grad_slots) {
+    const at::Tensor& edge_grad_slots, const c10::optional<at::Tensor>& packed_grads) {
   const char* op = kBackwardTargetFromEdges;
   GNNIO_ENSURE(kind == kGat || kind == kDot, op, ": kind must be 0 (GAT) or 2 (dot), got ", kind);
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
@@ -2102,7 +2150,10 @@ at::Tensor attention_backward_target_from_edges(
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
   const int64_t per_head = kind == kGat ? 1 : f.channels;
-  at::Tensor grad_dst = at::empty({num_dst, f.heads * per_head}, msg_src.options());
+  const int64_t packed_width = check_packed_grads(op, packed_grads, f, num_dst);
+  // packed: d alpha_dst is a view of packed_grads' last H columns
+  at::Tensor grad_dst = packed_width > 0 ? packed_grads->narrow(1, packed_width - f.heads, f.heads)
+                                         : at::empty({num_dst, f.heads * per_head}, msg_src.options());
   at::Tensor partial = at::empty({schedule.num_tiles, f.heads * per_head}, float_options);
   const int vec = vector_width(f, {&grad_dst});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -2113,9 +2164,10 @@ at::Tensor attention_backward_target_from_edges(
     p.edge_grad_slot = edge_grad_slots.data_ptr<int64_t>();
     p.grad_vec = kind == kDot ? grad_dst.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_dst.data_ptr<scalar_t>() : nullptr;
+    if (packed_width > 0) p.grad_scalar_stride = packed_width;
     p.part_vec = partial.data_ptr<float>();
     p.part_scalar = partial.data_ptr<float>();
-    if (kind == kGat && f.heads <= kMaxLaneHeads) {
+    if (kind == kGat) {
       const int64_t items = schedule.num_tiles + order.busy + order.empty;
       const int64_t threads = kWarpsPerBlock * kWarp;
       const bool four_heads = f.heads % 4 == 0 && reinterpret_cast<uintptr_t>(p.edge_grads_in) % 16 == 0;
@@ -2123,13 +2175,9 @@ at::Tensor attention_backward_target_from_edges(
       if (items > 0 && four_heads) gat_target_sums_kernel<scalar_t, 4><<<blocks, threads, 0, stream>>>(p);
       if (items > 0 && !four_heads) gat_target_sums_kernel<scalar_t, 1><<<blocks, threads, 0, stream>>>(p);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    } else if (kind == kGat && vec == 4) {
-      launch_resident(target_from_edges_kernel<kGat, 4, scalar_t>, p, stream);
-    } else if (kind == kGat) {
-      launch_resident(target_from_edges_kernel<kGat, 1, scalar_t>, p, stream);
     }
-    if (kind == kDot && vec == 4) launch_resident(target_from_edges_kernel<kDot, 4, scalar_t>, p, stream);
-    if (kind == kDot && vec == 1) launch_resident(target_from_edges_kernel<kDot, 1, scalar_t>, p, stream);
+    if (kind == kDot && vec == 4) launch_resident(dot_target_from_edges_kernel<4, scalar_t>, p, stream);
+    if (kind == kDot && vec == 1) launch_resident(dot_target_from_edges_kernel<1, scalar_t>, p, stream);
     sum_tiles(schedule, f.heads * per_head, partial, grad_dst);
   });
   if (kind == kDot) grad_dst = grad_dst.view({num_dst, f.heads, f.channels});
@@ -2155,33 +2203,62 @@ at::Tensor attention_row_norms(const at::Tensor& x) {
   if (rows == 0 || x.size(2) == 0) return norm.zero_();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), kRowNorms, [&] {
-    row_dots_kernel<scalar_t, true><<<unit_row_blocks((rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp),
-                                      kWarpsPerBlock * kWarp, 0, stream>>>(
-        x.data_ptr<scalar_t>(), nullptr, nullptr, rows, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
-        norm.data_ptr<float>());
+    const int64_t warps = (rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp;
+    row_dots_kernel<scalar_t, true><<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
+        x.data_ptr<scalar_t>(), nullptr, nullptr, nullptr, rows, static_cast<int>(x.size(1)),
+        static_cast<int>(x.size(2)), warps, norm.data_ptr<float>(), nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return norm;
 }
 
-// a, b [N, H, C] (offset [H, C]) -> <a, b - offset> per (node, head) fp32 [N, H].
-at::Tensor attention_row_dots(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& offset) {
+// a, b [N, H, C] (offset [H, C]) -> (<a, b - offset> per (node, head) fp32 [N, H],
+// or with lse [N, H] the pairs (lse, <a, b - offset>) fp32 [N, H, 2];
+// with column_sums a's sums over the nodes fp32 [H, C], else empty).
+std::tuple<at::Tensor, at::Tensor> attention_row_dots(const at::Tensor& a, const at::Tensor& b,
+                                                      const c10::optional<at::Tensor>& offset,
+                                                      const c10::optional<at::Tensor>& lse, bool column_sums) {
   check_rows(kRowDots, "a", a);
   check_tensor(kRowDots, "b", b, a.scalar_type(), {a.size(0), a.size(1), a.size(2)});
   if (offset.has_value()) check_tensor(kRowDots, "offset", *offset, a.scalar_type(), {a.size(1), a.size(2)});
+  if (lse.has_value()) check_tensor(kRowDots, "lse", *lse, at::kFloat, {a.size(0), a.size(1)});
+  const int64_t nodes = a.size(0), heads = a.size(1), channels = a.size(2);
+  GNNIO_ENSURE(!column_sums || channels <= kMaxBiasChannels, kRowDots, ": column sums take heads of at most ",
+              kMaxBiasChannels, " channels, got ", channels);
   const c10::cuda::CUDAGuard guard(a.device());
-  const int64_t rows = a.size(0) * a.size(1);
-  at::Tensor dots = at::empty({a.size(0), a.size(1)}, a.options().dtype(at::kFloat));
-  if (rows == 0 || a.size(2) == 0) return dots.zero_();
+  const auto float_options = a.options().dtype(at::kFloat);
+  const int64_t rows = nodes * heads;
+  at::Tensor dots = lse.has_value() ? at::empty({nodes, heads, 2}, float_options)
+                                    : at::empty({nodes, heads}, float_options);
+  at::Tensor sums = at::empty({column_sums ? heads : 0, channels}, float_options);
+  if (rows == 0 || channels == 0) {
+    sums.zero_();
+    if (lse.has_value()) return {at::stack({*lse, at::zeros_like(*lse)}, -1), sums};
+    return {dots.zero_(), sums};
+  }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(a.scalar_type(), kRowDots, [&] {
-    row_dots_kernel<scalar_t><<<unit_row_blocks((rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp), kWarpsPerBlock * kWarp,
-                                0, stream>>>(
-        a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), rows,
-        static_cast<int>(a.size(1)), static_cast<int>(a.size(2)), dots.data_ptr<float>());
+    const auto kernel = row_dots_kernel<scalar_t>;
+    const int64_t groups = (rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp;
+    int64_t warps = groups;  // one group of rows per warp
+    at::Tensor partials;
+    if (column_sums) {
+      // the resident warps loop over the groups, a multiple of `step` of them (see row_dots_kernel)
+      const int64_t step = heads / std::gcd(heads, static_cast<int64_t>(kDotRowsPerWarp));
+      const int64_t resident =
+          resident_blocks(kernel, (groups + kWarpsPerBlock - 1) / kWarpsPerBlock) * kWarpsPerBlock;
+      warps = std::max(step, std::min(resident, groups) / step * step);
+      partials = at::empty({warps * kDotRowsPerWarp, channels}, float_options);
+    }
+    kernel<<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
+        a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset),
+        lse.has_value() ? lse->data_ptr<float>() : nullptr, rows, static_cast<int>(heads), static_cast<int>(channels),
+        warps, dots.data_ptr<float>(), column_sums ? partials.data_ptr<float>() : nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // partial row p belongs to head p % heads; summed in a fixed order (deterministic)
+    if (column_sums) at::sum_out(sums, partials.view({-1, heads, channels}), {0});
   });
-  return dots;
+  return {dots, sums};
 }
 
 // grad_x = (g - [|x| >= 1e-12] <g, u> u) / max(|x|, 1e-12), g = grad_unit, u = x / max(|x|, 1e-12).
@@ -2242,16 +2319,27 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   through attention_backward_target_from_edges instead) -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
 //   grad of att [H, C] (GATv2) or of beta fp32 [H] (cosine), else empty; delta fp32 [Nd, H]
 //   for the source pass).
-// attention_backward_source -> (grad of msg_src, grad of key_src (dot, else
-//   empty), grad of src_scalar (GAT, else empty), grad of edge (else empty),
+// attention_backward_source (delta fp32 [Nd, H], or for GAT and dot the pairs
+//   (lse, delta) fp32 [Nd, H, 2] that attention_row_dots gives with lse) ->
+//   (grad of msg_src, grad of key_src (dot, else empty), grad of src_scalar
+//   (GAT, else empty), grad of edge (else empty),
 //   edge_grads fp32 [E, H] in CSC slot order when write_edge_grads, GAT and
 //   dot only: each edge's s_e = d z_e (GAT) or scale * d score_e (dot); else empty).
+//   packed_grads (GAT, as many sources as targets): [N, H*C + 2H] whose rows
+//   take (d x_src, d alpha_src, d alpha_dst); the first two come back as views
+//   of it, and attention_backward_target_from_edges given the same tensor
+//   writes the third: a layer that projected all three from one x (GATConv)
+//   then takes x's gradient in one GEMM over these rows.
 // attention_backward_target_from_edges(kind 0 or 2, CSR graph, tensors,
 //   edge_grads, edge_grad_slots int64 [E]: the CSC slot of each CSR slot) ->
-//   grad of dst_scalar [Nd, H] (GAT) or of dst_vec [Nd, H, C] (dot): sums
+//   grad of dst_scalar [Nd, H] (GAT; a view of packed_grads when given) or of dst_vec [Nd, H, C] (dot): sums
 //   over each target's in-edges of s_e (x key_s + edge_e).
-// attention_row_dots(a, b [N, H, C], offset [H, C] or None) -> <a, b - offset>
-//   fp32 [N, H] (delta from the saved output, less a bias the forward added).
+// attention_row_dots(a, b [N, H, C], offset [H, C] or None, lse [N, H] or None,
+//   column_sums) -> (<a, b - offset> fp32 [N, H] (delta from the saved output,
+//   less a bias the forward added), or with lse the pairs (lse, delta) fp32
+//   [N, H, 2], which attention_backward_source takes as its delta; a's sums
+//   over the nodes fp32 [H, C] with column_sums (C <= 32: the gradient of
+//   that bias), else empty).
 //   Cosine: the first holds the whole d out / d x_src (messages, scores, and
 //   F.normalize's backward; with key_src set to the target pass's d u_dst when
 //   x_dst is x_src, that too), the others are empty.
@@ -2276,12 +2364,13 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_source(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "Tensor grad_out, Tensor lse, Tensor delta, float negative_slope, float scale, float dropout, int seed, "
-        "int offset, bool write_edge_grads) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int offset, bool write_edge_grads, Tensor? packed_grads=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("attention_backward_target_from_edges(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
-        "Tensor edge_grads, Tensor edge_grad_slots) -> Tensor");
+        "Tensor edge_grads, Tensor edge_grad_slots, Tensor? packed_grads=None) -> Tensor");
   m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
   m.def("attention_row_norms(Tensor x) -> Tensor");
-  m.def("attention_row_dots(Tensor a, Tensor b, Tensor? offset=None) -> Tensor");
+  m.def("attention_row_dots(Tensor a, Tensor b, Tensor? offset=None, Tensor? lse=None, bool column_sums=False) "
+        "-> (Tensor, Tensor)");
   m.def("attention_unit_rows_backward(Tensor x, Tensor norm, Tensor grad_unit) -> Tensor");
 }
 

@@ -277,10 +277,11 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kSubwarpMinBlocksPerSm)
 }  // namespace
 
 // Second pass, shared with the max/min backward: each block merges one heavy
-// row's tile partials in tile order.
+// row's tile partials in tile order. out's rows lie out_stride elements apart
+// (width, or more for the row views of a wider tensor).
 template <typename scalar_t>
 __global__ void merge_partial_sums_kernel(RowSchedule schedule, const float* __restrict__ partials, int64_t width,
-                                          scalar_t* __restrict__ out) {
+                                          int64_t out_stride, scalar_t* __restrict__ out) {
   const int64_t heavy = blockIdx.x;
   const int64_t row = schedule.heavy_rows[heavy];
   const int64_t first = schedule.heavy_tile_ptr[heavy];
@@ -289,18 +290,20 @@ __global__ void merge_partial_sums_kernel(RowSchedule schedule, const float* __r
     float acc = 0.f;
     in_tile_order<float>(
         first, last, [&](int64_t tile) { return partials[tile * width + column]; }, [&](float value) { acc += value; });
-    out[row * width + column] = static_cast<scalar_t>(acc);
+    out[row * out_stride + column] = static_cast<scalar_t>(acc);
   }
 }
 
 void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out) {
   const int64_t width = out.size(1);
   if (schedule.num_heavy == 0 || width == 0) return;
+  GNNIO_ENSURE(out.stride(1) == 1 && out.stride(0) >= width,
+              "gnnio::merge_partial_sums: out rows must be dense, got strides ", out.strides());
   const int threads = merge_threads(width);
   auto stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(out.scalar_type(), "gnnio::merge_partial_sums", [&] {
     merge_partial_sums_kernel<scalar_t><<<schedule.num_heavy, threads, 0, stream>>>(
-        schedule, partials.data_ptr<float>(), width, out.data_ptr<scalar_t>());
+        schedule, partials.data_ptr<float>(), width, out.stride(0), out.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -140,11 +140,41 @@ def test_matches_fp64_reference(kind, heads, channels):
 
 
 @pytest.mark.parametrize("channels", [7, 32])
-def test_gat_with_more_heads_than_one_lane_sums(channels):
-    """Past 8 heads GAT's d alpha_dst comes from the warp-per-row sums, not the lane-per-row ones."""
+@pytest.mark.parametrize("heads", [9, 12])
+def test_gat_with_more_heads_than_one_lane_sums(heads, channels):
+    """Past 8 heads GAT's d alpha_dst sums walk each row once per group of 8 heads (12: four heads per load)."""
     graph = small_graph().to("cuda")
-    inputs = make_inputs("gat", graph, 9, channels, torch.float32, seed=9000 + channels)
+    inputs = make_inputs("gat", graph, heads, channels, torch.float32, seed=9000 + 100 * heads + channels)
     check_against_oracle("gat", graph, inputs)
+
+
+@pytest.mark.parametrize("heads", [3, 4])
+def test_gat_packed_gradients(heads):
+    """pack_gradients: the same gradients of x_src, alpha_src and alpha_dst, as views of one [N, H*C + 2H]
+    tensor's rows, written in place by the source pass (split rows too) and the target sums. With 3 heads
+    the rows (102 elements) are not 16-byte aligned, so the source pass takes its scalar layout."""
+    # small_graph's in-hub (split target rows: the target sums' tiles) plus an out-hub (the source pass's)
+    base = small_graph()
+    source, target = base.edge_index()
+    hub_targets = np.random.default_rng(6).integers(0, base.num_nodes, 600)
+    edges = np.concatenate([np.stack([source.numpy(), target.numpy()]), np.stack([np.full(600, 5), hub_targets])], 1)
+    graph = Graph.from_edge_index(edges, num_nodes=base.num_nodes).to("cuda")
+    assert attention_native.row_schedule(graph, "csr").heavy_rows.numel() > 0
+    assert attention_native.row_schedule(graph, "csc").heavy_rows.numel() > 0
+    inputs = make_inputs("gat", graph, heads, 32, torch.float32, edges=True, seed=40 + heads)
+    leaves = tuple(inputs.values())
+    grad_out = randn(graph.num_dst_nodes, heads, 32, device="cuda", generator=torch.Generator().manual_seed(heads))
+    grads = {}
+    for pack in (False, True):
+        out = attention_ops.gat_attention(graph, *leaves, pack_gradients=pack)
+        grads[pack] = torch.autograd.grad(out, leaves, grad_out)
+    for name, plain, packed in zip(inputs, grads[False], grads[True]):
+        assert relative_error(packed, plain) <= 1e-6, name
+    x_grad, src_grad, dst_grad = grads[True][:3]
+    width = heads * 32 + 2 * heads
+    assert x_grad.stride(0) == src_grad.stride(0) == dst_grad.stride(0) == width
+    assert src_grad.data_ptr() == x_grad.data_ptr() + heads * 32 * 4
+    assert dst_grad.data_ptr() == src_grad.data_ptr() + heads * 4
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -561,14 +591,43 @@ def test_row_dots_match_fp64(heads, channels, dtype):
     gen = torch.Generator().manual_seed(heads * 100 + channels)
     a = randn(77, heads, channels, dtype=dtype, device="cuda", generator=gen)
     b = randn(77, heads, channels, dtype=dtype, device="cuda", generator=gen)
-    dots = torch.ops.gnnio.attention_row_dots(a, b)
-    assert dots.dtype == torch.float32 and dots.shape == (77, heads)
+    dots, no_sums = torch.ops.gnnio.attention_row_dots(a, b)
+    assert dots.dtype == torch.float32 and dots.shape == (77, heads) and no_sums.numel() == 0
     assert relative_error(dots, (a.double() * b.double()).sum(-1)) <= 1e-6
     offset = randn(heads, channels, dtype=dtype, device="cuda", generator=gen)
-    shifted = torch.ops.gnnio.attention_row_dots(a, b, offset)
+    shifted, _ = torch.ops.gnnio.attention_row_dots(a, b, offset)
     assert relative_error(shifted, (a.double() * (b.double() - offset.double())).sum(-1)) <= 1e-6
+    # with lse: the (lse, delta) pairs the source pass gathers, poisoned first so a missed write shows
+    lse = randn(77, heads, dtype=torch.float32, device="cuda", generator=gen)
+    poison = torch.full((77 * heads * 2,), float("nan"), device="cuda")
+    del poison
+    stats, _ = torch.ops.gnnio.attention_row_dots(a, b, offset, lse)
+    assert stats.shape == (77, heads, 2) and torch.equal(stats[..., 0], lse)
+    assert torch.equal(stats[..., 1], shifted)
+    with pytest.raises(RuntimeError, match=r"attention_row_dots: lse must have shape"):
+        torch.ops.gnnio.attention_row_dots(a, b, offset, lse[:-1])
     with pytest.raises(RuntimeError, match=r"attention_row_dots: b must have shape"):
         torch.ops.gnnio.attention_row_dots(a, b[:-1])
+
+
+@pytest.mark.parametrize("heads,channels", [(1, 1), (3, 7), (4, 32), (5, 32), (9, 20)])
+def test_row_dots_column_sums_match_fp64(heads, channels):
+    """attention_row_dots' column sums (the output bias gradient) against fp64 torch, on enough rows that
+    every resident warp loops over several groups, with head counts that do not divide the groups."""
+    gen = torch.Generator().manual_seed(heads * 100 + channels + 1)
+    a = randn(50_000, heads, channels, device="cuda", generator=gen)
+    b = randn(50_000, heads, channels, device="cuda", generator=gen)
+    lse = randn(50_000, heads, device="cuda", generator=gen)
+    poison = torch.full((1 << 22,), float("nan"), device="cuda")
+    del poison
+    stats, sums = torch.ops.gnnio.attention_row_dots(a, b, None, lse, True)
+    assert sums.shape == (heads, channels) and sums.dtype == torch.float32
+    assert relative_error(sums, a.double().sum(0)) <= 1e-5
+    assert relative_error(stats[..., 1], (a.double() * b.double()).sum(-1)) <= 1e-6
+    again = torch.ops.gnnio.attention_row_dots(a, b, None, lse, True)[1]
+    assert torch.equal(again, sums), "the column sums are deterministic"
+    with pytest.raises(RuntimeError, match=r"attention_row_dots: column sums take heads of at most 32 channels, got 33"):
+        torch.ops.gnnio.attention_row_dots(a.new_ones(4, 2, 33), a.new_ones(4, 2, 33), None, None, True)
 
 
 def test_target_from_edges_refuses_other_kinds():

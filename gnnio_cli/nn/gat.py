@@ -12,7 +12,7 @@ from torch.nn import Parameter
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, EdgesInput, FillValue, with_self_loops
 from gnnio_cli.nn.base import ConvBase, NodeFeatures, Size, returned_edges, split_pair
-from gnnio_cli.nn.linear import Linear, add_bias, affine_shared, glorot_, plain_projection, project_shared, zeros_
+from gnnio_cli.nn.linear import Linear, add_bias, glorot_, plain_projection, project_shared, zeros_
 from gnnio_cli.ops import attention
 
 AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
@@ -42,36 +42,104 @@ def head_dots(h: Tensor, *vectors: Tensor) -> tuple[Tensor, ...]:
     return tuple(dots[:, j] for j in range(len(vectors)))
 
 
-def _score_weight(linear: Linear, heads: int, *vectors: Tensor) -> Tensor:
-    """W^T B as [J*H, F] rows: x @ W^T B gives (linear(x) * v_j).sum(-1) for each vector v_j (bias-free linear)."""
-    return _head_blocks(vectors, heads, linear.out_channels // heads).t() @ linear.weight
+def _score_weight(weight: Tensor, vectors: Tensor) -> Tensor:
+    """S [J*H, F] with x @ S^T = the score terms (x @ W^T * v_j).sum(-1) for the attention vectors
+    `vectors` [J, H, C] and the weight W [H*C, F] of a bias-free linear: S[j*H + k] = sum_c v_j[k, c] W[k*C + c]."""
+    num_vectors, heads, channels = vectors.shape
+    per_head = weight.view(heads, channels, -1)
+    return torch.einsum("jhc,hcf->jhf", vectors.to(weight.dtype), per_head).reshape(num_vectors * heads, -1)
+
+
+class _ProjectWithScores(torch.autograd.Function):
+    """(x [N, F], W [H*C, F], v_1, ..., v_J [1, H, C]) -> (h = x @ W^T [N, H*C], score_1, ..., score_J)
+    with score_j = (h.view(N, H, C) * v_j).sum(-1) [N, H] contiguous (what the attention op reads):
+    GATConv's projection and score terms in one function.
+
+    The score terms come from x itself, as x @ S^T with S = _score_weight(W, v): the same numbers as PyG's
+    up to summation order. Forward starts h's GEMM before anything else, so the GPU works on the big
+    product while the host prepares S and the rest of the layer (the training step's first kernel waited
+    on the host for the score weight's small ops before). Backward adds the scores' share of x's gradient
+    inside x's GEMM (grad_x = g_dots @ S, then += g_h @ W, the narrow GEMM first: see _SharedInputAffine),
+    or, where the attention op wrote g_h and the g_scores side by side in one tensor's rows (GAT's packed
+    gradients), as one GEMM over those rows with [W; S] (H100, rmat20 1M x 128, 4 x 32: 1.04 ms against
+    0.25 + 1.00 ms). W's and the vectors' gradients come from g_S = g_dots^T @ x [J*H, F] directly:
+    d W[k*C + c] += sum_j v_j[k, c] g_S[j*H + k] and d v_j[k, c] = <g_S[j*H + k], W[k*C + c]>.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, *vectors: Tensor):
+        h = F.linear(x, weight)
+        stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
+        score_weight = _score_weight(weight, stacked)
+        dots = F.linear(x, score_weight).view(-1, len(vectors), stacked.shape[1])
+        ctx.save_for_backward(x, weight, stacked, score_weight)
+        ctx.vector_shapes = [v.shape for v in vectors]
+        return (h, *(dots[:, j].contiguous() for j in range(len(vectors))))
+
+    @staticmethod
+    def backward(ctx, grad_h: Tensor, *grad_scores: Tensor):
+        x, weight, stacked, score_weight = ctx.saved_tensors
+        num_vectors, heads, channels = stacked.shape
+        rows = x.reshape(-1, x.shape[-1])
+        grad_h = grad_h.reshape(-1, heads * channels)
+        packed = _packed_rows(grad_h, grad_scores)
+        if packed is not None:
+            grad_dots = packed[:, heads * channels:]
+        else:
+            # one [N, J*H] gradient for the one score GEMM: a single stack, where slicing one output tensor
+            # would have autograd zero-fill and copy into it once per vector
+            grad_dots = torch.stack(grad_scores, dim=1).view(-1, num_vectors * heads)
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0] and packed is not None:
+            grad_x = (packed @ torch.cat([weight, score_weight])).view(x.shape)
+        elif ctx.needs_input_grad[0]:
+            grad_x = (grad_dots @ score_weight).addmm_(grad_h, weight).view(x.shape)
+        needs_vectors = any(ctx.needs_input_grad[2:])
+        grad_score = grad_dots.t() @ rows if ctx.needs_input_grad[1] or needs_vectors else None  # [J*H, F]
+        grad_score_heads = None if grad_score is None else grad_score.view(num_vectors, heads, -1)
+        if ctx.needs_input_grad[1]:
+            through_scores = torch.einsum("jhc,jhf->hcf", stacked.to(grad_score.dtype), grad_score_heads)
+            grad_weight = (grad_h.t() @ rows).add_(through_scores.reshape(heads * channels, -1))
+        grad_vectors = [None] * num_vectors
+        if needs_vectors:
+            per_vector = torch.einsum("jhf,hcf->jhc", grad_score_heads, weight.view(heads, channels, -1))
+            grad_vectors = [per_vector[j].reshape(shape) if ctx.needs_input_grad[2 + j] else None
+                            for j, shape in enumerate(ctx.vector_shapes)]
+        return (grad_x, grad_weight, *grad_vectors)
+
+
+def _packed_rows(grad_h: Tensor, grad_scores: tuple[Tensor, ...]) -> Optional[Tensor]:
+    """[N, H*C + J*H]: the rows that hold grad_h [N, H*C] and then each grad_scores[j] [N, H], when they are
+    views of one such tensor (gat_attention's pack_gradients); else None."""
+    rows, width = grad_h.shape
+    stride = width + sum(g.shape[-1] for g in grad_scores)
+    if grad_h.stride() != (stride, 1):
+        return None
+    column = width
+    for grad in grad_scores:
+        if (grad.dim() != 2 or grad.stride() != (stride, 1) or grad.storage_offset() != grad_h.storage_offset() + column
+                or grad.untyped_storage().data_ptr() != grad_h.untyped_storage().data_ptr()):
+            return None
+        column += grad.shape[1]
+    return grad_h.as_strided((rows, stride), (stride, 1))
 
 
 def project_with_scores(x: Tensor, linear: Linear, heads: int, *vectors: Tensor) -> tuple[Tensor, ...]:
-    """h = linear(x) as [N, H, C] and GAT's score terms (h * v).sum(-1) for each attention vector v.
-
-    The score terms come from x itself, as a second projection x @ (W^T B)
-    (_score_weight, a product of the parameters): the same numbers as PyG's
-    up to summation order, and with h a projection of the same x
-    (affine_shared) backward adds the scores' share of x's gradient inside
-    x's GEMM, where from h it would be an [N, H*C] gradient of h of its own,
-    added to the attention's (GATConv on rmat20, 1M x 4 x 32: peak 1,568 ->
-    1,459 MiB; the step's time moved less than its run-to-run spread).
-    """
-    if plain_projection(x, linear):  # as PyG: linear(x), then the dots of h
+    """h = linear(x) as [N, H, C] and GAT's score terms (h * v).sum(-1) for each attention vector v
+    (_ProjectWithScores; under autocast or with a lazy weight, as PyG: linear(x), then the dots of h)."""
+    if plain_projection(x, linear):
         h = linear(x)
         h = h.view(*h.shape[:-1], heads, h.shape[-1] // heads)
         return (h, *head_dots(h, *vectors))
-    h, dots = affine_shared(x, linear.weight, linear.bias, _score_weight(linear, heads, *vectors), None)
-    dots = dots.view(-1, len(vectors), heads)
-    return (h.view(-1, heads, linear.out_channels // heads), *(dots[:, j] for j in range(len(vectors))))
+    h, *scores = _ProjectWithScores.apply(x, linear.weight, *vectors)
+    return (h.view(-1, heads, linear.out_channels // heads), *scores)
 
 
 def score_terms(x: Tensor, linear: Linear, heads: int, vector: Tensor) -> Tensor:
-    """(linear(x) * vector).sum(-1) [N, H] without linear(x) itself (see project_with_scores)."""
+    """(linear(x) * vector).sum(-1) [N, H] without linear(x) itself: x @ S^T (see _ProjectWithScores)."""
     if plain_projection(x, linear):
         return project_with_scores(x, linear, heads, vector)[1]
-    return F.linear(x, _score_weight(linear, heads, vector))
+    return F.linear(x, _score_weight(linear.weight, vector.reshape(1, heads, -1)))
 
 
 class _AttentionConv(ConvBase):
@@ -237,6 +305,8 @@ class GATConv(_AttentionConv):
         project_dst = self.lin if self.lin is not None else self.lin_dst
         adjacency = self.adjacency(edge_index, x_src, x_dst, size)
         graph = adjacency.graph
+        # one x projected to h and both score terms: their gradients can come back packed (gat_attention)
+        packed = isinstance(x, Tensor) and self.lin is not None and not plain_projection(x_src, self.lin)
         if isinstance(x, Tensor) and self.lin is not None:
             h_src, alpha_src, alpha_dst = project_with_scores(x_src, self.lin, heads, self.att_src, self.att_dst)
         else:
@@ -267,6 +337,7 @@ class GATConv(_AttentionConv):
             training=self.training,
             return_attention=bool(return_attention_weights),
             bias=bias,
+            pack_gradients=packed,
         )
         out, alpha = result if return_attention_weights else (result, None)
         return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights, bias is not None)

@@ -86,7 +86,7 @@ class _SharedInputAffine(torch.autograd.Function):
     the sums of their [N, F] results that autograd would run for separate
     projections. The narrowest g_i come first and the widest last: a GEMM with
     a wide g is bound by its arithmetic, so the read of the sum it adds to
-    hides behind it, where a narrow one (GATConv's score terms, 8 wide) is
+    hides behind it, where a narrow one (8 wide, say) is
     bound by memory and would pay for reading and writing the whole sum again.
     """
 

@@ -59,6 +59,7 @@ def gat_attention(
     training: bool = False,
     return_attention: bool = False,
     bias: Optional[torch.Tensor] = None,
+    pack_gradients: bool = False,
 ) -> AttentionResult:
     """GATConv's attention aggregation (additive score).
 
@@ -69,6 +70,10 @@ def gat_attention(
     score[e, h] = leaky_relu(alpha_src[s, h] + alpha_dst[t, h] + edge_alpha[e, h], negative_slope)
     bias:       optional [H, C] added to every output row (a layer's output bias; the kernels add it as
                 they store the row, saving a pass over the output).
+    pack_gradients: a hint for a caller that projected x_src, alpha_src and alpha_dst from one x (as many
+                sources as targets): the fused fp32 backward then returns their gradients as views of
+                one [N, H*C + 2H] tensor, whose rows the projection's backward multiplies in one GEMM.
+                The values are the same either way.
     Returns out [num_dst, H, C], and with return_attention alpha [E, H] (after dropout).
     """
     op = "gat_attention"
@@ -83,7 +88,8 @@ def gat_attention(
 
     backend = dispatch.pick(op, x_src, alpha_src, alpha_dst, edge_alpha, bias)
     if backend == "native" and attention_native.supports(x_src, alpha_src, alpha_dst, edge_alpha, bias, return_attention=return_attention):
-        return attention_native.gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention, bias)
+        return attention_native.gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout,
+                                              training, return_attention, bias, pack_gradients)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)

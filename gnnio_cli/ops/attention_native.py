@@ -31,6 +31,7 @@ attention weights carry no gradient.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from contextlib import contextmanager
@@ -48,6 +49,10 @@ GAT, GATV2, DOT, COSINE = 0, 1, 2, 3
 # The widest head the kernels' lane layout holds (attention.cu: 32 lanes x 8 chunks).
 MAX_CHANNELS = 256
 NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# The widest head whose output bias gradient attention_row_dots sums as it reads grad_out (one
+# channel per lane); wider heads take nn.linear.bias_gradient's pass of their own.
+MAX_ROW_DOTS_BIAS = 32
 
 # A row longer than this many in-edges is split into tiles no matter the graph.
 MIN_TILE_EDGES = 128
@@ -251,6 +256,9 @@ class _Call:
     offset: int
     return_scores: int  # 0 none, 1 raw scores, 2 raw scores with -inf where dropped
     slot_rows: Optional[torch.Tensor] = None  # set: the edge-balanced forward (its score phase's row map)
+    # GAT: return the gradients of x_src, alpha_src and alpha_dst as views of one [N, H*C + 2H]
+    # tensor (see _FusedAttention.backward); needs as many sources as targets
+    pack_gradients: bool = False
 
     @property
     def schedule_name(self) -> str:
@@ -316,20 +324,32 @@ class _FusedAttention(torch.autograd.Function):
         source_first = _source_first(call.kind, msg_src.dtype)
         ctx.save_for_backward(*tensors, lse, out if source_first else None, bias if source_first else None)
         ctx.mark_non_differentiable(lse, scores)
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for lse and scores, which have none
         return out, lse, scores
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse, _grad_scores):
+        if grad_out is None:
+            return (None,) * 9
         call: _Call = ctx.call
         *tensors, lse, out, bias = ctx.saved_tensors
         grad_out = grad_out.contiguous()
+        # the bias gradient (grad_out's column sums) from the row dots' read of grad_out where they run
+        bias_in_row_dots = out is not None and ctx.needs_input_grad[8] and grad_out.shape[2] <= MAX_ROW_DOTS_BIAS
         if out is not None:
-            delta = torch.ops.gnnio.attention_row_dots(grad_out, out, bias)
+            # (lse, delta) side by side, as the source pass gathers them per edge
+            row_stats, bias_sums = torch.ops.gnnio.attention_row_dots(grad_out, out, bias, lse, bias_in_row_dots)
+            packed = None
+            if call.pack_gradients:
+                # rows of (d x_src, d alpha_src, d alpha_dst), which the kernels write in place: a layer that
+                # projected all three from one x takes x's gradient in one GEMM over them (GATConv)
+                rows, heads, channels = tensors[0].shape
+                packed = grad_out.new_empty(rows, heads * channels + 2 * heads)
             grad_msg, grad_key, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(), True
+                call.kind, *call.csc_args(), *tensors, grad_out, lse, row_stats, *call.score_args(), True, packed
             )
             grad_dst = torch.ops.gnnio.attention_backward_target_from_edges(
-                call.kind, *call.csr_args(), *tensors, edge_grads, edge_grad_slots(call.graph)
+                call.kind, *call.csr_args(), *tensors, edge_grads, edge_grad_slots(call.graph), packed
             )
             grad_att = None
         else:
@@ -347,7 +367,9 @@ class _FusedAttention(torch.autograd.Function):
         else:
             grads = (grad_msg, grad_key, grad_dst, None, None, None, grad_edge if has_edge else None)
         grad_bias = None
-        if ctx.needs_input_grad[8]:
+        if bias_in_row_dots:
+            grad_bias = bias_sums.to(grad_out.dtype)
+        elif ctx.needs_input_grad[8]:
             from gnnio_cli.nn.linear import bias_gradient  # here: gnnio_cli.nn imports this module
 
             grad_bias = bias_gradient(grad_out.view(grad_out.shape[0], -1)).view(grad_out.shape[1:])
@@ -392,12 +414,15 @@ def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: 
     return out, _attention_weights(call.graph, scores, lse, dropout, out.dtype)
 
 
-def _run(op: str, kind: int, graph: Graph, tensors: tuple, bias: Optional[torch.Tensor] = None, **call_options):
+def _run(op: str, kind: int, graph: Graph, tensors: tuple, bias: Optional[torch.Tensor] = None,
+         pack_gradients: bool = False, **call_options):
     """Run the fused op with :func:`_make_call`'s keyword options; returns out (+ bias [H, C] when given) or
-    (out, alpha [E, H] in eid order)."""
+    (out, alpha [E, H] in eid order). pack_gradients: see _Call (GAT; dropped where sources and targets differ)."""
     tensors = tuple(None if t is None else t.contiguous() for t in tensors)
     bias = None if bias is None else bias.contiguous()
     call = _make_call(kind, graph, tensors[0].shape[1], tensors[0].device, **call_options)
+    if pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes:
+        call = dataclasses.replace(call, pack_gradients=True)
     out, lse, scores = _FusedAttention.apply(call, *tensors, bias)
     return _finish(op, call, out, lse, scores, call_options["return_attention"])
 
@@ -413,10 +438,10 @@ def _attention_weights(graph: Graph, scores: torch.Tensor, lse: torch.Tensor, dr
 
 # ------------------------------------------------------------- public ops
 def gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention,
-                  bias=None):
+                  bias=None, pack_gradients=False):
     """Fused :func:`gnnio_cli.ops.attention.gat_attention` (same arguments and result)."""
     return _run(
-        "gat_attention", GAT, graph, (x_src, None, None, alpha_src, alpha_dst, None, edge_alpha), bias,
+        "gat_attention", GAT, graph, (x_src, None, None, alpha_src, alpha_dst, None, edge_alpha), bias, pack_gradients,
         negative_slope=negative_slope, scale=1.0, dropout=dropout, training=training,
         return_attention=return_attention, weights_after_dropout=True,
     )  # fmt: skip
@@ -467,10 +492,13 @@ class _CosineAttention(torch.autograd.Function):
         ctx.beta_shape, ctx.beta_dtype = beta.shape, beta.dtype
         ctx.save_for_backward(x_src, norm_src, x_dst, norm_dst, beta_f32, lse)
         ctx.mark_non_differentiable(lse, scores)
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for lse and scores, which have none
         return out, lse, scores
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse, _grad_scores):
+        if grad_out is None:
+            return None, None, None, None
         call: _Call = ctx.call
         x_src, norm_src, x_dst, norm_dst, beta_f32, lse = ctx.saved_tensors
         tensors = _cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32)
