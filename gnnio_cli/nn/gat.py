@@ -18,26 +18,19 @@ from gnnio_cli.ops import attention
 AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
 
 
-def _head_blocks(vectors: tuple[Tensor, ...], heads: int, channels: int) -> Tensor:
-    """The attention vectors v_j [1, H, C] as one [H*C, J*H] matrix B: (h @ B)[:, j*H + k] = (h[:, k] * v_j[k]).sum().
-
-    B holds vector j's head k in column j*H + k (rows k*C .. k*C + C), zero elsewhere.
-    """
-    stacked = torch.stack([v.reshape(heads, channels) for v in vectors])  # [J, H, C]
-    eye = torch.eye(heads, dtype=stacked.dtype, device=stacked.device)
-    # blocks[j, k, c, g] = v_j[k, c] * (k == g), laid out as [(k, c), (j, g)]
-    return (stacked.unsqueeze(-1) * eye.unsqueeze(1)).permute(1, 2, 0, 3).reshape(heads * channels, -1)
-
-
 def head_dots(h: Tensor, *vectors: Tensor) -> tuple[Tensor, ...]:
     """(h * v).sum(-1) for each attention vector v [1, H, C] of the rows h [N, H, C], as one GEMM.
 
     The same numbers as PyG's (h * att).sum(-1) up to summation order, but h is
     read once for all the vectors, and neither direction materialises an
-    [N, H, C] product.
+    [N, H, C] product: h [N, H*C] @ B [H*C, J*H], with B holding vector j's head k
+    in column j*H + k (rows k*C .. k*C + C), zero elsewhere.
     """
     num_rows, heads, channels = h.shape
-    blocks = _head_blocks(vectors, heads, channels)
+    stacked = torch.stack([v.reshape(heads, channels) for v in vectors])  # [J, H, C]
+    eye = torch.eye(heads, dtype=stacked.dtype, device=stacked.device)
+    # blocks[j, k, c, g] = v_j[k, c] * (k == g), laid out as [(k, c), (j, g)]
+    blocks = (stacked.unsqueeze(-1) * eye.unsqueeze(1)).permute(1, 2, 0, 3).reshape(heads * channels, -1)
     dots = (h.reshape(num_rows, heads * channels) @ blocks.to(h.dtype)).view(num_rows, len(vectors), heads)
     return tuple(dots[:, j] for j in range(len(vectors)))
 
@@ -306,8 +299,8 @@ class GATConv(_AttentionConv):
         adjacency = self.adjacency(edge_index, x_src, x_dst, size)
         graph = adjacency.graph
         # one x projected to h and both score terms: their gradients can come back packed (gat_attention)
-        packed = isinstance(x, Tensor) and self.lin is not None and not plain_projection(x_src, self.lin)
-        if isinstance(x, Tensor) and self.lin is not None:
+        shared = isinstance(x, Tensor) and self.lin is not None
+        if shared:
             h_src, alpha_src, alpha_dst = project_with_scores(x_src, self.lin, heads, self.att_src, self.att_dst)
         else:
             h_src, alpha_src = project_with_scores(x_src, project_src, heads, self.att_src)
@@ -337,7 +330,7 @@ class GATConv(_AttentionConv):
             training=self.training,
             return_attention=bool(return_attention_weights),
             bias=bias,
-            pack_gradients=packed,
+            pack_gradients=shared,
         )
         out, alpha = result if return_attention_weights else (result, None)
         return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights, bias is not None)

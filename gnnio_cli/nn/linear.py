@@ -117,12 +117,7 @@ class _SharedInputAffine(torch.autograd.Function):
 
 def affine(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """F.linear(x, weight, bias) whose bias gradient comes from bias_gradient."""
-    return affine_shared(x, weight, bias)[0]
-
-
-def affine_shared(x: Tensor, *weights_and_biases: Optional[Tensor]) -> tuple[Tensor, ...]:
-    """F.linear(x, w_i, b_i) for the pairs (w_1, b_1, w_2, b_2, ...) with one input gradient (see _SharedInputAffine)."""
-    return _SharedInputAffine.apply(x, *weights_and_biases)
+    return _SharedInputAffine.apply(x, weight, bias)[0]
 
 
 def plain_projection(x: Tensor, *linears: "Linear") -> bool:
@@ -136,7 +131,7 @@ def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
     where plain_projection says so."""
     if plain_projection(x, *linears):
         return tuple(linear(x) for linear in linears)
-    return affine_shared(x, *[t for linear in linears for t in (linear.weight, linear.bias)])
+    return _SharedInputAffine.apply(x, *[t for linear in linears for t in (linear.weight, linear.bias)])
 
 
 def add_bias(x: Tensor, bias: Tensor) -> Tensor:

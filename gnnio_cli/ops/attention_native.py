@@ -31,7 +31,6 @@ attention weights carry no gradient.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from contextlib import contextmanager
@@ -388,8 +387,10 @@ def _make_call(
     training: bool,
     return_attention: bool,
     weights_after_dropout: bool,
+    pack_gradients: bool = False,
 ) -> _Call:
-    """The schedules, dropout seed and flags of one fused call (dropout 0 outside training)."""
+    """The schedules, dropout seed and flags of one fused call (dropout 0 outside training; pack_gradients
+    only for GAT with as many sources as targets)."""
     forced = getattr(_forced, "schedule", None)
     tile_edges = forced if isinstance(forced, int) else None
     edge_balanced = forced == EDGE_BALANCED
@@ -401,8 +402,9 @@ def _make_call(
             seed, offset = torch.ops.gnnio.attention_dropout_seed((heads + 3) // 4)
     return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
     csr_order, csc_order = row_order(graph, "csr", csr), row_order(graph, "csc", csc)
+    pack_gradients = pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes
     return _Call(kind, graph, csr, csc, csr_order, csc_order, float(negative_slope), float(scale), dropout, seed,
-                 offset, return_scores, slot_rows(graph) if edge_balanced else None)
+                 offset, return_scores, slot_rows(graph) if edge_balanced else None, pack_gradients)
 
 
 def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: torch.Tensor, return_attention: bool):
@@ -414,15 +416,12 @@ def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: 
     return out, _attention_weights(call.graph, scores, lse, dropout, out.dtype)
 
 
-def _run(op: str, kind: int, graph: Graph, tensors: tuple, bias: Optional[torch.Tensor] = None,
-         pack_gradients: bool = False, **call_options):
+def _run(op: str, kind: int, graph: Graph, tensors: tuple, bias: Optional[torch.Tensor] = None, **call_options):
     """Run the fused op with :func:`_make_call`'s keyword options; returns out (+ bias [H, C] when given) or
-    (out, alpha [E, H] in eid order). pack_gradients: see _Call (GAT; dropped where sources and targets differ)."""
+    (out, alpha [E, H] in eid order)."""
     tensors = tuple(None if t is None else t.contiguous() for t in tensors)
     bias = None if bias is None else bias.contiguous()
     call = _make_call(kind, graph, tensors[0].shape[1], tensors[0].device, **call_options)
-    if pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes:
-        call = dataclasses.replace(call, pack_gradients=True)
     out, lse, scores = _FusedAttention.apply(call, *tensors, bias)
     return _finish(op, call, out, lse, scores, call_options["return_attention"])
 
@@ -441,9 +440,9 @@ def gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope
                   bias=None, pack_gradients=False):
     """Fused :func:`gnnio_cli.ops.attention.gat_attention` (same arguments and result)."""
     return _run(
-        "gat_attention", GAT, graph, (x_src, None, None, alpha_src, alpha_dst, None, edge_alpha), bias, pack_gradients,
+        "gat_attention", GAT, graph, (x_src, None, None, alpha_src, alpha_dst, None, edge_alpha), bias,
         negative_slope=negative_slope, scale=1.0, dropout=dropout, training=training,
-        return_attention=return_attention, weights_after_dropout=True,
+        return_attention=return_attention, weights_after_dropout=True, pack_gradients=pack_gradients,
     )  # fmt: skip
 
 
