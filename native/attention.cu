@@ -41,6 +41,11 @@
 // back from the target pass); attention_unit_rows_backward (u = x / m
 // computed there) does it for the heavy rows' summed tiles and gives d x_dst.
 //
+// 16-bit features: GATv2's hidden terms are rounded to the features' type
+// as PyTorch's 16-bit layer rounds them (gatv2_hidden); the 16-bit forward
+// of 32-channel GATv2 heads and 128-channel Cosine heads sums its scores on
+// the tensor cores (packed_head_dots). Every product and sum is fp32.
+//
 // Rows longer than the schedule's tile are cut into tiles of one warp each
 // (common.cuh's RowSchedule); forward tiles keep (max, sum, accumulator)
 // partial softmax states merged by a second kernel, backward tiles keep
@@ -294,15 +299,34 @@ __device__ __forceinline__ void add_to(Chunks<VEC>& acc, const Chunks<VEC>& x) {
     for (int v = 0; v < VEC; ++v) acc[k][v] += x[k][v];
 }
 
-// GATv2's score terms: hidden = x_src + x_dst (+ edge) is formed by the
-// caller in that order everywhere, so every pass recomputes the same score.
-template <int VEC>
+// GATv2's score terms: hidden = x_src + x_dst (+ edge), summed in that
+// order everywhere, and its activation leaky_relu(hidden), so every pass
+// recomputes the same score. With 16-bit features each sum and the
+// negative side's slope * hidden are rounded to the features' type (the
+// slope itself taken in that type, on the host), as PyTorch's 16-bit layer
+// rounds them and as the packed forward's bf16x2 / half2 arithmetic does
+// (packed_gatv2_scores): the forward and both backward passes agree to the
+// order of their fp32 sums.
+template <int VEC, typename T>
+__device__ __forceinline__ void gatv2_hidden(Chunks<VEC>& hidden, const Chunks<VEC>& a, const Chunks<VEC>& b) {
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) hidden[k][v] = rounded<T>(a[k][v] + b[k][v]);
+}
+
+template <typename T>
+__device__ __forceinline__ float gatv2_activation(float hidden, float slope) {
+  return hidden > 0.f ? hidden : rounded<T>(hidden * slope);
+}
+
+template <int VEC, typename T>
 __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chunks<VEC>& hidden, float slope) {
   float sum = 0.f;
 #pragma unroll
   for (int k = 0; k < Layout<VEC>::kChunks; ++k)
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) sum += att[k][v] * leaky_relu(hidden[k][v], slope);
+    for (int v = 0; v < VEC; ++v) sum += att[k][v] * gatv2_activation<T>(hidden[k][v], slope);
   return sum;
 }
 
@@ -318,11 +342,8 @@ __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chu
 // batch spilled 140-356 bytes), backward with 2-3 (edges_per_step below),
 // since each edge brings two rows there and the row state (gradient sums) is
 // larger. The 8-chunk scalar layout, used only for odd or very wide heads,
-// keeps 8x the state per lane and stays uncapped.
-template <int VEC>
-constexpr int forward_blocks_per_sm() {
-  return VEC == 1 ? 1 : 3;
-}
+// keeps 8x the state per lane and stays uncapped. (The forward's count is
+// forward_blocks_per_sm, after the packed builds it depends on.)
 
 // GAT's backward passes gather one row per edge and keep scalar scores: they
 // fit 64 registers, so 4 blocks per SM.
@@ -518,7 +539,6 @@ __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const i
                                               const Chunks<VEC>& target, float alpha_dst, const Chunks<VEC>& att,
                                               Chunks<VEC> (&message)[U], float (&partial)[U],
                                               float (&inverse_norm)[U], Chunks<VEC> (&kept)[U], float (&z)[U]) {
-  constexpr int K = Layout<VEC>::kChunks;
   if constexpr (KIND == kCosine) {
     cosine_terms<VEC, U>(p, neighbour, geo, lane, target, message, inverse_norm, partial);
   } else if constexpr (KIND == kDot) {
@@ -530,16 +550,13 @@ __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const i
   } else if constexpr (KIND == kGatV2) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) kept[u][k][v] = message[u][k][v] + target[k][v];
+      gatv2_hidden<VEC, scalar_t>(kept[u], message[u], target);
       if (p.edge) {
         Chunks<VEC> feature;
         load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-        add_to<VEC>(kept[u], feature);
+        gatv2_hidden<VEC, scalar_t>(kept[u], kept[u], feature);
       }
-      partial[u] = gatv2_partial<VEC>(att, kept[u], p.slope);
+      partial[u] = gatv2_partial<VEC, scalar_t>(att, kept[u], p.slope);
     }
   } else {
 #pragma unroll
@@ -597,20 +614,175 @@ __device__ __forceinline__ void add_out_bias(const scalar_t* bias, const LaneGeo
   add_to<VEC>(row, values);
 }
 
+// ------------------------------------- packed 16-bit forward scores (MMA)
+// The 16-bit forward of GATv2's 32-channel heads and of Cosine's 128-channel
+// ones (the 8-wide layout with every lane of a head inside it: 8 channels
+// per lane, 4 or 16 lanes per head) sums each head's products on the tensor
+// cores instead of a conversion and a fused multiply-add per element and a
+// butterfly per head: one m16n8k16 MMA (fp32 accumulator) per 16 channels
+// of two edges. Products of 16-bit values are exact in fp32, so the scores
+// differ from the backward's recomputed ones only by the order of their
+// fp32 sums. GATv2's hidden terms and activations are formed two at a time
+// in the features' own type (one bf16x2 / half2 add, multiply and max or
+// min per pair: the rounded values gatv2_hidden and gatv2_activation give);
+// Cosine's dot products take the gathered rows as they are.
+//
+// Layout (packed_head_dots): A's row r is lane group r = lane / 4 (4 lanes,
+// 32 channels of one head in one edge group, see Lane) for one edge and row
+// r + 8 for the next, its columns this lane's channel pairs; B's column n
+// holds lane group n's 32 channels of the other operand (x_dst, or att),
+// which are the same for both edge groups. D[r][n] is row r's partial dot
+// over lane group (r % 4)'s channels where n % 4 == r % 4: lane
+// (lane & ~3) | (r % 4) / 2 holds it; a butterfly over the head's lane
+// groups (Cosine) adds the partials.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+constexpr bool kHas16BitMma = true;
+#else
+constexpr bool kHas16BitMma = false;  // m16n8k16 with bf16 / fp16 inputs needs sm_80
+#endif
+
+// Lanes per head of the kinds whose 16-bit forward is built with packed
+// scores (the host launches that build only when C == lanes * 8), or 0.
+template <int KIND, int VEC, typename scalar_t>
+constexpr int packed_head_lanes() {
+  if constexpr (VEC != 8 || sizeof(scalar_t) != 2) return 0;
+  return KIND == kGatV2 ? 4 : KIND == kCosine ? 16 : 0;
+}
+
+// Resident blocks the forward is compiled for (see the 4-wide layout's note
+// before backward_blocks_per_sm): 3, or 4 (64 registers, no spill) for
+// GATv2's packed build, which keeps its rows and activations as words and
+// carries no dropout, edge-feature or score-output code. H100, rmat20 bf16
+// 4 x 32 forward kernel: 1.65 ms at 3 blocks, 1.54 at 4 with those paths
+// (88 bytes spilled), 1.39 at 4 without. Cosine's packed build ran no
+// faster at 4 blocks than at 3 (1.65 ms either way).
+template <int KIND, int VEC, typename scalar_t, int HEAD_LANES>
+constexpr int forward_blocks_per_sm() {
+  if constexpr (VEC == 1) return 1;
+  return KIND == kGatV2 && HEAD_LANES > 0 && HEAD_LANES == packed_head_lanes<KIND, VEC, scalar_t>() ? 4 : 3;
+}
+
+template <typename T>
+struct PairOf;  // CUDA's type of two T in one 32-bit word
+template <>
+struct PairOf<c10::BFloat16> {
+  using type = __nv_bfloat162;
+};
+template <>
+struct PairOf<c10::Half> {
+  using type = __half2;
+};
+
+template <typename T>
+__device__ __forceinline__ typename PairOf<T>::type as_pair(uint32_t word) {
+  typename PairOf<T>::type pair;
+  memcpy(&pair, &word, sizeof(word));
+  return pair;
+}
+
+template <typename Pair>
+__device__ __forceinline__ uint32_t as_word(Pair pair) {
+  uint32_t word;
+  memcpy(&word, &pair, sizeof(word));
+  return word;
+}
+
+// The four words (channel pairs) of a gathered 8-wide 16-bit chunk.
+template <typename T>
+__device__ __forceinline__ void words_of(const Vec<T, 8>& chunk, uint32_t (&words)[4]) {
+  memcpy(words, chunk.v, sizeof(words));
+}
+
+// d += A B for one m16n8k16 tile (A row-major, B column-major, fp32 d).
+template <typename T>
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, c10::BFloat16>::value) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// dots[u] = the head's <a[u], b> for a step's U edges (U even), from this
+// lane's 8 channels of each as words; every lane of the head gets the same
+// bits. Whole-warp (MMA and shuffles): call from warp-uniform code.
+template <typename T, int HEAD_LANES, int U>
+__device__ __forceinline__ void packed_head_dots(const uint32_t (&a)[U][4], const uint32_t (&b)[4], int lane,
+                                                 float (&dots)[U]) {
+  static_assert(U % 2 == 0, "edges go through the MMA two at a time (rows r and r + 8)");
+  const bool odd_group = (lane >> 2) & 1;                 // (r % 4) & 1
+  const int holder = (lane & ~3) | ((lane >> 3) & 1);  // lane 4r + (r % 4) / 2
+#pragma unroll
+  for (int u = 0; u < U; u += 2) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_16x8x16<T>(d, a[u][0], a[u + 1][0], a[u][1], a[u + 1][1], b[0], b[1]);
+    mma_16x8x16<T>(d, a[u][2], a[u + 1][2], a[u][3], a[u + 1][3], b[2], b[3]);
+    dots[u] = __shfl_sync(kFullMask, odd_group ? d[1] : d[0], holder);
+    dots[u + 1] = __shfl_sync(kFullMask, odd_group ? d[3] : d[2], holder);
+  }
+#pragma unroll
+  for (int offset = 4; offset < HEAD_LANES; offset <<= 1)
+#pragma unroll
+    for (int u = 0; u < U; ++u) dots[u] += __shfl_xor_sync(kFullMask, dots[u], offset);
+}
+
+// GATv2's raw scores (before the score factor) of a step's U edges without
+// edge features: their x_src rows as gathered, this lane's x_dst and att
+// chunks as words. Whole-warp: call from warp-uniform code.
+template <typename T, int U, typename ParamsT>
+__device__ __forceinline__ void packed_gatv2_scores(const ParamsT& p, const Gathered<8, T> (&gathered)[U],
+                                                    const Lane<8>& lane, const uint32_t (&target)[4],
+                                                    const uint32_t (&att)[4], float (&score)[U]) {
+  using Pair = typename PairOf<T>::type;
+  const T slope_value(p.slope);  // exact: the host rounded the slope to T
+  const uint32_t slope_bits = slope_value.x;
+  const Pair slope = as_pair<T>(slope_bits | (slope_bits << 16));
+  uint32_t activation[U][4];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    uint32_t source[4];
+    words_of<T>(gathered[u].chunk[0], source);
+    Pair hidden[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) hidden[i] = __hadd2(as_pair<T>(source[i]), as_pair<T>(target[i]));
+    // leaky_relu: max(h, slope * h) for slope <= 1, min(h, slope * h) above (each rounded as gatv2_activation)
+    if (p.slope <= 1.f) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) activation[u][i] = as_word(__hmax2(hidden[i], __hmul2(hidden[i], slope)));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) activation[u][i] = as_word(__hmin2(hidden[i], __hmul2(hidden[i], slope)));
+    }
+  }
+  packed_head_dots<T, 4, U>(activation, att, lane.lane, score);
+}
+
 // ------------------------------------------------------------------ forward
 // PRECOMPUTED: the scores come from p.scores_in (slot order, written by the
 // edge-balanced score phase) instead of from the source and target rows; the
 // rest (online softmax, dropout, aggregation, tiles) is the same pass.
 // HEAD_LANES: 0, or the lanes per head it was built for (fixed_head_lanes).
 template <int KIND, int VEC, typename scalar_t, bool PRECOMPUTED = false, int HEAD_LANES = 0>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<VEC>()) forward_kernel(const Params<scalar_t> p) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<KIND, VEC, scalar_t, HEAD_LANES>()) forward_kernel(const Params<scalar_t> p) {
   constexpr int U = forward_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
   constexpr int G = Layout<VEC>::kGroups;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
-  const Dropout dropout = p.dropout;
+  // 16-bit GATv2 and Cosine built for packed scores (packed_head_lanes): x_dst (and att) kept as words.
+  // The host launches that build only without dropout, edge features or returned scores, so it
+  // carries none of their per-step code (launch_forward).
+  constexpr bool kPacked = !PRECOMPUTED && kHas16BitMma && HEAD_LANES > 0 &&
+                           HEAD_LANES == packed_head_lanes<KIND, VEC, scalar_t>();
+  const Dropout dropout = kPacked ? Dropout{} : p.dropout;
   const Lane<VEC> lane(geo);
-  const bool need_eid = p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr;
+  const bool need_eid = !kPacked && (p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr);
   // Per-edge outputs come from the edge's group; per-row ones from group 0 after the merge.
   const bool edge_writer = lane.head_ok && lane.in_head == 0;
   const bool row_lane = lane.group == 0;
@@ -618,12 +790,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
   const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
 
   Chunks<VEC> att;  // GATv2's attention vector
-  if constexpr (KIND == kGatV2) load_row<VEC>(p.att, 0, geo, lane, att);
+  uint32_t att_words[4];
+  if constexpr (kPacked && KIND == kGatV2) {
+    Gathered<VEC, scalar_t> chunk;
+    gather_row<VEC>(p.att, 0, geo, lane, chunk);
+    words_of<scalar_t>(chunk.chunk[0], att_words);
+  } else if constexpr (KIND == kGatV2) {
+    load_row<VEC>(p.att, 0, geo, lane, att);
+  }
 
   for_each_item(p, lane.lane, [&](const WorkItem& item) {
     Chunks<VEC> target;  // query / x_dst of the row
+    uint32_t target_words[4];
     float alpha_dst = 0.f, target_inverse_norm = 1.f;
-    if constexpr (!PRECOMPUTED) {
+    if constexpr (kPacked) {
+      Gathered<VEC, scalar_t> chunk;
+      gather_row<VEC>(p.dst_vec, item.row, geo, lane, chunk);
+      words_of<scalar_t>(chunk.chunk[0], target_words);
+      if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
+    } else if constexpr (!PRECOMPUTED) {
       if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
       if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
       if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
@@ -641,7 +826,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
 #pragma unroll
       for (int u = 0; u < U; ++u) gather_row<VEC>(p.msg_src, neighbour[u], geo, lane, gathered[u]);
       float partial[U], inverse_norm[U];  // Cosine: 1 / max(|x_src|, floor)
-      if constexpr (!PRECOMPUTED) {
+      float score[U], drop[U];
+      if constexpr (kPacked && KIND == kGatV2) {
+        packed_gatv2_scores<scalar_t, U>(p, gathered, lane, target_words, att_words, score);
+#pragma unroll
+        for (int u = 0; u < U; ++u) score[u] *= factor;  // as finish_score
+      } else if constexpr (kPacked) {  // Cosine: <x_dst, x_src> over both norms, as finish_score
+        uint32_t source[U][4];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          inverse_norm[u] = inverse_norm_of<VEC>(p.src_norm, neighbour[u], geo, lane);
+          words_of<scalar_t>(gathered[u].chunk[0], source[u]);
+        }
+        packed_head_dots<scalar_t, HEAD_LANES, U>(source, target_words, lane.lane, score);
+#pragma unroll
+        for (int u = 0; u < U; ++u) score[u] = score[u] * inverse_norm[u] * target_inverse_norm * factor;
+      } else if constexpr (!PRECOMPUTED) {
         Chunks<VEC> message[U], kept[U];  // the score's copy of the rows; kept: the backward's, unused here
         float z[U];
 #pragma unroll
@@ -649,14 +849,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
         step_partials<KIND, VEC, U>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
                                     inverse_norm, kept, z);
       }
-      float score[U], drop[U];
       float new_max = run_max;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if constexpr (PRECOMPUTED) {
           // the edge-balanced score phase wrote the scores (edge_scores_kernel)
           score[u] = valid[u] && lane.head_ok ? p.scores_in[edge_id.slot(u) * geo.heads + lane.head] : 0.f;
-        } else {
+        } else if constexpr (!kPacked) {
           score[u] = finish_score<KIND, VEC, HEAD_LANES>(partial[u], inverse_norm[u], target_inverse_norm, factor,
                                                          geo, lane);
         }
@@ -695,7 +894,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<V
           run_sum += weight;
           add_scaled<VEC>(acc, weight * drop[u], message);
         }
-        if (p.scores != nullptr) {
+        if (!kPacked && p.scores != nullptr) {
           const int64_t e = edge_id(u);  // a whole-warp shuffle: outside the branch on valid (groups differ)
           if (edge_writer && valid[u])
             p.scores[e * geo.heads + lane.head] = p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
@@ -914,7 +1113,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
             for (int v = 0; v < VEC; ++v) {
               // the attention vector factors out of the x_dst sums: applied once per row
               const float slope_term = leaky_relu_grad(key[u][k][v], p.slope);
-              const float activation = key[u][k][v] * slope_term;
+              const float activation = gatv2_activation<scalar_t>(key[u][k][v], p.slope);
               weighted[k][v] += r * slope_term;
               plain[k][v] += prob * slope_term;
               att_weighted[k][v] += r * activation;
@@ -1169,16 +1368,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       } else if constexpr (KIND == kGatV2) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-#pragma unroll
-          for (int k = 0; k < K; ++k)
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) hidden[u][k][v] = message[k][v] + target[u][k][v];
+          gatv2_hidden<VEC, scalar_t>(hidden[u], message, target[u]);
           if (p.edge) {
             Chunks<VEC> feature;
             load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
-            add_to<VEC>(hidden[u], feature);
+            gatv2_hidden<VEC, scalar_t>(hidden[u], hidden[u], feature);
           }
-          partial[u] = gatv2_partial<VEC>(att, hidden[u], p.slope);
+          partial[u] = gatv2_partial<VEC, scalar_t>(att, hidden[u], p.slope);
           message_dot[u] = dot<VEC>(grad[u], message);
         }
       } else {
@@ -1488,6 +1684,57 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
   }
 }
 
+// row_dots_kernel for rows of C % VEC == 0 elements (VEC: 16 bytes of
+// scalar_t, every row 16-byte aligned), without column sums: each lane reads
+// whole 16-byte chunks, `lanes` lanes per row (lanes_per_edge of its
+// chunks), so one load round of the warp covers 32 / lanes rows, and each
+// warp issues kDotRowsPerWarp such rounds before its first sum. One element
+// per lane read only 64 bytes per warp and load in bf16: the norms of a bf16
+// 1 x 128 x on rmat20 took 0.24 ms (H100) for 256 MiB, slower than fp32's
+// 512 MiB (0.19 ms).
+template <typename scalar_t, bool NORMS = false>
+__global__ void row_dots_vec_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
+                                    const scalar_t* __restrict__ offset, const float* __restrict__ lse, int64_t rows,
+                                    int heads, int channels, int lanes, float* __restrict__ dots) {
+  constexpr int VEC = vec_width<scalar_t>();
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int in_row = lane & (lanes - 1);
+  const int rows_per_round = kWarp / lanes;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t first = warp * kDotRowsPerWarp * rows_per_round + lane / lanes;  // this lane's first row
+  float sums[kDotRowsPerWarp] = {};
+  for (int c = in_row * VEC; c - in_row * VEC < channels; c += lanes * VEC) {  // one round unless C > 32 VEC
+#pragma unroll
+    for (int r = 0; r < kDotRowsPerWarp; ++r) {
+      const int64_t row = first + static_cast<int64_t>(r) * rows_per_round;
+      if (row >= rows || c >= channels) continue;
+      float x[VEC];
+      to_f32<VEC>(load_vec<scalar_t, VEC>(a + row * channels + c), x);
+      if constexpr (NORMS) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) sums[r] += x[v] * x[v];
+      } else {
+        float y[VEC], shift[VEC] = {};
+        to_f32<VEC>(load_vec<scalar_t, VEC>(b + row * channels + c), y);
+        if (offset != nullptr) to_f32<VEC>(load_vec<scalar_t, VEC>(offset + (row % heads) * channels + c), shift);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) sums[r] += x[v] * (y[v] - shift[v]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kDotRowsPerWarp; ++r) {
+    const float sum = head_sum<kWarp>(sums[r], lanes);
+    const int64_t row = first + static_cast<int64_t>(r) * rows_per_round;
+    if (in_row != 0 || row >= rows) continue;
+    if (lse != nullptr) {
+      reinterpret_cast<float2*>(dots)[row] = make_float2(lse[row], sum);
+    } else {
+      dots[row] = NORMS ? sqrtf(sum) : sum;
+    }
+  }
+}
+
 // `nodes` (optional): only these nodes' rows (all heads), e.g. the heavy
 // source rows whose d x the source pass leaves to this kernel; `direct` may
 // then be `grad_x` itself (each element is read before the same thread
@@ -1722,7 +1969,9 @@ Params<scalar_t> make_params(const Features& f, const RowSchedule& schedule, con
   p.edge = ptr_or_null<scalar_t>(f.edge);
   p.grad_vec_stride = f.heads * f.channels;
   p.grad_scalar_stride = f.heads;
+  // GATv2's 16-bit scores take the slope in the features' type (see gatv2_hidden)
   p.slope = static_cast<float>(negative_slope);
+  if (f.kind == kGatV2) p.slope = static_cast<float>(static_cast<scalar_t>(p.slope));
   p.scale = static_cast<float>(scale);
   p.dropout = Dropout{static_cast<float>(dropout), dropout < 1.0 ? static_cast<float>(1.0 / (1.0 - dropout)) : 0.f,
                       static_cast<uint64_t>(seed), static_cast<uint64_t>(offset)};
@@ -1779,8 +2028,17 @@ constexpr int fixed_head_lanes() {
 // width where that is one of fixed_head_lanes' widths.
 template <int KIND, int VEC, typename scalar_t>
 void launch_forward(const Params<scalar_t>& p, cudaStream_t stream) {
+  // packed scores take 8 channels in every lane of a head, and no per-edge extras (see forward_kernel)
+  constexpr int kPackedLanes = packed_head_lanes<KIND, VEC, scalar_t>();
+  if constexpr (kPackedLanes > 0) {
+    const bool plain = p.edge == nullptr && p.dropout.p <= 0.f && p.scores == nullptr;
+    if (plain && p.geo.lanes_per_head == kPackedLanes && p.geo.channels == kPackedLanes * VEC) {
+      launch_resident(forward_kernel<KIND, VEC, scalar_t, false, kPackedLanes>, p, stream);
+      return;
+    }
+  }
   constexpr int kFixed = fixed_head_lanes<VEC>();
-  if constexpr ((KIND == kGatV2 || KIND == kDot) && kFixed > 0) {
+  if constexpr ((KIND == kGatV2 || KIND == kDot) && kFixed > 0 && kFixed != kPackedLanes) {
     if (p.geo.lanes_per_head == kFixed) {
       launch_resident(forward_kernel<KIND, VEC, scalar_t, false, kFixed>, p, stream);
       return;
@@ -2022,6 +2280,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 // Blocks of the node-level Cosine kernels: one warp per (node, head) row.
 unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// Launches row_dots_vec_kernel when its rows allow (see there); false if not.
+template <bool NORMS, typename scalar_t>
+bool launch_row_dots_vec(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset,
+                         const float* lse, float* dots, cudaStream_t stream) {
+  constexpr int VEC = vec_width<scalar_t>();
+  const int64_t heads = a.size(1), channels = a.size(2), rows = a.size(0) * heads;
+  const bool aligned = rows_vectorisable(a, channels, VEC) && (b == nullptr || rows_vectorisable(*b, channels, VEC)) &&
+                       (!offset.has_value() || rows_vectorisable(*offset, channels, VEC));
+  if (!aligned) return false;
+  const int lanes = lanes_per_edge(channels / VEC);
+  const int64_t rows_per_warp = int64_t{kDotRowsPerWarp} * (kWarp / lanes);
+  const int64_t warps = (rows + rows_per_warp - 1) / rows_per_warp;
+  row_dots_vec_kernel<scalar_t, NORMS><<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
+      a.data_ptr<scalar_t>(), b == nullptr ? nullptr : b->data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), lse,
+      rows, static_cast<int>(heads), static_cast<int>(channels), lanes, dots);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
 // GAT's packed gradients (see the schemas): [N, H * C + 2H], rows of (d x_src,
 // d alpha_src, d alpha_dst), for x_src and alpha_dst rows of the same nodes.
 int64_t check_packed_grads(const char* op, const c10::optional<at::Tensor>& packed, const Features& f,
@@ -2203,6 +2480,7 @@ at::Tensor attention_row_norms(const at::Tensor& x) {
   if (rows == 0 || x.size(2) == 0) return norm.zero_();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), kRowNorms, [&] {
+    if (launch_row_dots_vec<true, scalar_t>(x, nullptr, c10::nullopt, nullptr, norm.data_ptr<float>(), stream)) return;
     const int64_t warps = (rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp;
     row_dots_kernel<scalar_t, true><<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
         x.data_ptr<scalar_t>(), nullptr, nullptr, nullptr, rows, static_cast<int>(x.size(1)),
@@ -2238,6 +2516,9 @@ std::tuple<at::Tensor, at::Tensor> attention_row_dots(const at::Tensor& a, const
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(a.scalar_type(), kRowDots, [&] {
+    const float* lse_data = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+    if (!column_sums && launch_row_dots_vec<false, scalar_t>(a, &b, offset, lse_data, dots.data_ptr<float>(), stream))
+      return;
     const auto kernel = row_dots_kernel<scalar_t>;
     const int64_t groups = (rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp;
     int64_t warps = groups;  // one group of rows per warp

@@ -6,6 +6,7 @@
 
 #include "common.cuh"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -124,6 +125,17 @@ __device__ __forceinline__ float softmax_exp(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
   return y;
+}
+
+// x rounded to T and back to fp32 (x itself for fp32): GATv2's 16-bit score
+// terms (attention.cu's gatv2_hidden).
+template <typename T>
+__device__ __forceinline__ float rounded(float x) {
+  if constexpr (std::is_same<T, float>::value) {
+    return x;
+  } else {
+    return static_cast<float>(static_cast<T>(x));
+  }
 }
 
 __device__ __forceinline__ float leaky_relu(float x, float slope) { return x > 0.f ? x : x * slope; }

@@ -399,13 +399,14 @@ def test_edge_balanced_forward_16bit_equals_the_fused_forward(kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("heads,channels", [(1, 8), (3, 16), (8, 64), (2, 128)])
+@pytest.mark.parametrize("heads,channels", [(1, 8), (3, 16), (8, 64), (2, 128), (3, 32), (8, 32)])
 @pytest.mark.parametrize("kind", KINDS)
 def test_16bit_forward_two_edges_per_warp(kind, heads, channels, dtype):
     """The 16-bit forward's layout for C % 8 == 0 (a warp's halves take every other edge, their softmax
     states merge at the row's end; several head groups for 8 x 64): output and weights within twice
     torch's own 16-bit error, on a graph with empty rows, one-edge rows and a hub cut into tiles; with
-    dropout, the fp32 kernels' mask (same seed) and their output up to one 16-bit rounding."""
+    dropout, the fp32 kernels' mask (same seed) and their output up to one 16-bit rounding (GATv2, whose
+    16-bit hidden terms are rounded too: the same dropped weights)."""
     graph = small_graph().to("cuda")
     heads = 1 if kind == "agnn" else heads
     inputs = make_inputs(kind, graph, heads, channels, dtype, edges=kind in EDGE_KINDS, seed=heads * channels)
@@ -416,11 +417,76 @@ def test_16bit_forward_two_edges_per_warp(kind, heads, channels, dtype):
     assert_within_torch_error(out, oracle_out, torch_out)
     assert_within_torch_error(alpha, oracle_alpha, torch_alpha)
 
-    dropped = {}
+    dropped, weights = {}, {}
     for precision in (dtype, torch.float32):
         torch.cuda.manual_seed(29)
-        dropped[precision], _ = run(kind, graph, upcast(inputs, precision), "native", dropout=0.3, training=True)
-    assert relative_error(dropped[dtype].float(), dropped[torch.float32]) <= torch.finfo(dtype).eps
+        dropped[precision], weights[precision] = run(
+            kind, graph, upcast(inputs, precision), "native", dropout=0.3, training=True, return_attention=kind == "gatv2"
+        )
+    if kind == "gatv2":
+        dropped_16bit, dropped_fp32 = weights[dtype] == 0, weights[torch.float32] == 0
+        assert dropped_fp32.any() and bool(dropped_16bit[dropped_fp32].all())
+        # a 16-bit zero the fp32 run kept: a weight below the 16-bit type's normal range, rounded away
+        underflow = weights[torch.float32][dropped_16bit & ~dropped_fp32]
+        assert bool((underflow < torch.finfo(dtype).smallest_normal).all())
+    else:
+        assert relative_error(dropped[dtype].float(), dropped[torch.float32]) <= torch.finfo(dtype).eps
+
+
+def rounded_gatv2_reference(graph, inputs, slope, dtype):
+    """GATv2's output in fp64 with the 16-bit layer's roundings: each hidden sum (x_src + x_dst, then
+    + edge) and the negative side's slope * hidden rounded to `dtype`, the slope itself taken in it."""
+    x_src, x_dst, att = (inputs[name].detach().double() for name in ("x_src", "x_dst", "att"))
+    src, dst = graph.edge_index()
+    to_dtype = lambda t: t.to(dtype).double()  # noqa: E731
+    hidden = to_dtype(x_src[src] + x_dst[dst])
+    if "edge_feat" in inputs:
+        hidden = to_dtype(hidden + inputs["edge_feat"].detach().double())
+    slope_in_dtype = torch.tensor(slope, dtype=dtype).item()
+    score = (torch.where(hidden > 0, hidden, to_dtype(hidden * slope_in_dtype)) * att).sum(-1)  # [E, H]
+    heads = score.shape[1]
+    index = dst.view(-1, 1).expand(-1, heads)
+    row_max = torch.full((graph.num_dst_nodes, heads), -math.inf, dtype=torch.float64, device=score.device)
+    row_max = row_max.scatter_reduce(0, index, score, reduce="amax")
+    weight = torch.exp(score - row_max[dst])
+    total = torch.zeros_like(row_max).index_add_(0, dst, weight)
+    out = torch.zeros(graph.num_dst_nodes, *x_src.shape[1:], dtype=torch.float64, device=score.device)
+    return out.index_add_(0, dst, (weight / total[dst]).unsqueeze(-1) * x_src[src])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("slope", [0.2, 1.5, -0.3])
+@pytest.mark.parametrize("heads,edges", [(3, False), (4, True), (8, False)])
+def test_gatv2_16bit_forward_with_packed_scores_matches_the_rounded_reference(heads, edges, slope, dtype):
+    """GATv2's 16-bit forward of 32-channel heads (hidden terms in bf16x2 / half2, head sums on the tensor
+    cores; with edge features the one-element-at-a-time build, same roundings): the fp64 output of the
+    16-bit layer's roundings, up to the output's own rounding, for slopes below 0, in [0, 1] and above 1
+    (max or min of h and slope * h), with a partly used head group (3 heads) and two head groups (8);
+    its scores are the backward's, so the gradients stay within twice torch's own 16-bit error."""
+    graph = small_graph().to("cuda")
+    inputs = make_inputs("gatv2", graph, heads, 32, dtype, edges=edges, seed=heads * 7 + int(edges))
+    out, _, grads = forward_backward("gatv2", graph, inputs, "native", negative_slope=slope)
+    expected = rounded_gatv2_reference(graph, inputs, slope, dtype)
+    assert out.dtype == dtype
+    assert relative_error(out, expected) <= torch.finfo(dtype).eps
+    _, _, torch_grads = forward_backward("gatv2", graph, upcast(inputs, dtype), "reference", negative_slope=slope)
+    _, _, oracle_grads = forward_backward("gatv2", graph, upcast(inputs), "reference", negative_slope=slope)
+    for name in grads:
+        assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,channels", [(1, 8), (3, 33), (1, 128), (2, 264)])
+def test_row_norms_match_fp64(heads, channels, dtype):
+    """attention_row_norms (AGNN's |x| per row, fp32) for rows read in 16-byte chunks (one chunk per
+    row, many rows per load; several lanes per row; rows wider than a warp's chunks) and one element
+    at a time (33 channels)."""
+    x = randn(301, heads, channels, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(channels))
+    poison = torch.full((301 * heads,), float("nan"), device="cuda")
+    del poison
+    norm = torch.ops.gnnio.attention_row_norms(x)
+    assert norm.dtype == torch.float32 and norm.shape == (301, heads)
+    assert relative_error(norm, torch.linalg.vector_norm(x.double(), dim=-1)) <= 1e-6
 
 
 def test_edge_balanced_forward_with_dropout_uses_the_fused_mask():
@@ -586,7 +652,7 @@ def test_agnn_row_norms_and_unit_rows_backward_match_f_normalize():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads,channels", [(1, 1), (3, 33), (4, 32), (2, 130)])
+@pytest.mark.parametrize("heads,channels", [(1, 1), (3, 33), (4, 32), (2, 130), (5, 8), (2, 264)])
 def test_row_dots_match_fp64(heads, channels, dtype):
     """attention_row_dots (delta = <grad_out, out - bias> of GAT's and Dot's backward) against fp64 torch."""
     gen = torch.Generator().manual_seed(heads * 100 + channels)

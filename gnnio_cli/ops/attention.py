@@ -124,6 +124,9 @@ def gatv2_attention(
     att:       [H, C] attention vector.
     edge_feat: optional [E, H, C] projected edge features, eid order.
     score[e, h] = sum_c att[h, c] * leaky_relu(x_src[s, h, c] + x_dst[t, h, c] + edge_feat[e, h, c])
+    With 16-bit features the hidden terms are rounded to their dtype as PyG's 16-bit layer rounds
+    them: each sum, and leaky_relu's negative side (slope * hidden, the slope taken in that dtype);
+    the products with att and all sums accumulate in fp32.
     bias:      optional [H, C] added to every output row (as gat_attention's).
     Returns out [num_dst, H, C], and with return_attention alpha [E, H] (after dropout).
     """
@@ -145,10 +148,20 @@ def gatv2_attention(
     compute = accumulation_dtype(x_src.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)
     messages = x_src.to(compute).index_select(0, sources)
-    hidden = messages + x_dst.to(compute).index_select(0, targets)
+    rounding = compute != x_src.dtype  # 16-bit features: hidden terms rounded to their dtype (see above)
+
+    def rounded(t: torch.Tensor) -> torch.Tensor:
+        return t.to(x_src.dtype).to(compute) if rounding else t
+
+    hidden = rounded(messages + x_dst.to(compute).index_select(0, targets))
     if edge_feat is not None:
-        hidden = hidden + eid_to_slot(graph, edge_feat).to(compute)
-    scores = (F.leaky_relu(hidden, negative_slope) * att.to(compute)).sum(-1)
+        hidden = rounded(hidden + eid_to_slot(graph, edge_feat).to(compute))
+    if rounding:
+        slope = torch.tensor(negative_slope, dtype=x_src.dtype).item()
+        activation = torch.where(hidden > 0, hidden, rounded(hidden * slope))
+    else:
+        activation = F.leaky_relu(hidden, negative_slope)
+    scores = (activation * att.to(compute)).sum(-1)
     result = _softmax_aggregate(
         graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )
