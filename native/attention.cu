@@ -653,7 +653,7 @@ constexpr int packed_head_lanes() {
 // before backward_blocks_per_sm): 3, or 4 (64 registers, no spill) for
 // GATv2's packed build, which keeps its rows and activations as words and
 // carries no dropout, edge-feature or score-output code. H100, rmat20 bf16
-// 4 x 32 forward kernel: 1.65 ms at 3 blocks, 1.54 at 4 with those paths
+// 4 x 32 forward (its kernels): 1.65 ms at 3 blocks, 1.54 at 4 with those paths
 // (88 bytes spilled), 1.39 at 4 without. Cosine's packed build ran no
 // faster at 4 blocks than at 3 (1.65 ms either way).
 template <int KIND, int VEC, typename scalar_t, int HEAD_LANES>
