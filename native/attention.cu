@@ -649,6 +649,12 @@ constexpr int packed_head_lanes() {
   return KIND == kGatV2 ? 4 : KIND == kCosine ? 16 : 0;
 }
 
+// Whether forward_kernel<KIND, VEC, scalar_t, .., HEAD_LANES> is the packed build.
+template <int KIND, int VEC, typename scalar_t, int HEAD_LANES>
+constexpr bool packed_build() {
+  return HEAD_LANES > 0 && HEAD_LANES == packed_head_lanes<KIND, VEC, scalar_t>();
+}
+
 // Resident blocks the forward is compiled for (see the 4-wide layout's note
 // before backward_blocks_per_sm): 3, or 4 (64 registers, no spill) for
 // GATv2's packed build, which keeps its rows and activations as words and
@@ -659,7 +665,7 @@ constexpr int packed_head_lanes() {
 template <int KIND, int VEC, typename scalar_t, int HEAD_LANES>
 constexpr int forward_blocks_per_sm() {
   if constexpr (VEC == 1) return 1;
-  return KIND == kGatV2 && HEAD_LANES > 0 && HEAD_LANES == packed_head_lanes<KIND, VEC, scalar_t>() ? 4 : 3;
+  return KIND == kGatV2 && packed_build<KIND, VEC, scalar_t, HEAD_LANES>() ? 4 : 3;
 }
 
 template <typename T>
@@ -691,6 +697,15 @@ __device__ __forceinline__ uint32_t as_word(Pair pair) {
 template <typename T>
 __device__ __forceinline__ void words_of(const Vec<T, 8>& chunk, uint32_t (&words)[4]) {
   memcpy(words, chunk.v, sizeof(words));
+}
+
+// This lane's 8-wide chunk of row `node` as words.
+template <typename T>
+__device__ __forceinline__ void gather_words(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
+                                             const Lane<8>& lane, uint32_t (&words)[4]) {
+  Gathered<8, T> chunk;
+  gather_row<8>(base, node, geo, lane, chunk);
+  words_of<T>(chunk.chunk[0], words);
 }
 
 // d += A B for one m16n8k16 tile (A row-major, B column-major, fp32 d).
@@ -736,12 +751,12 @@ __device__ __forceinline__ void packed_head_dots(const uint32_t (&a)[U][4], cons
 // GATv2's raw scores (before the score factor) of a step's U edges without
 // edge features: their x_src rows as gathered, this lane's x_dst and att
 // chunks as words. Whole-warp: call from warp-uniform code.
-template <typename T, int U, typename ParamsT>
-__device__ __forceinline__ void packed_gatv2_scores(const ParamsT& p, const Gathered<8, T> (&gathered)[U],
+template <typename T, int U>
+__device__ __forceinline__ void packed_gatv2_scores(float slope_f32, const Gathered<8, T> (&gathered)[U],
                                                     const Lane<8>& lane, const uint32_t (&target)[4],
                                                     const uint32_t (&att)[4], float (&score)[U]) {
   using Pair = typename PairOf<T>::type;
-  const T slope_value(p.slope);  // exact: the host rounded the slope to T
+  const T slope_value(slope_f32);  // exact: the host rounded the slope to T
   const uint32_t slope_bits = slope_value.x;
   const Pair slope = as_pair<T>(slope_bits | (slope_bits << 16));
   uint32_t activation[U][4];
@@ -753,7 +768,7 @@ __device__ __forceinline__ void packed_gatv2_scores(const ParamsT& p, const Gath
 #pragma unroll
     for (int i = 0; i < 4; ++i) hidden[i] = __hadd2(as_pair<T>(source[i]), as_pair<T>(target[i]));
     // leaky_relu: max(h, slope * h) for slope <= 1, min(h, slope * h) above (each rounded as gatv2_activation)
-    if (p.slope <= 1.f) {
+    if (slope_f32 <= 1.f) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) activation[u][i] = as_word(__hmax2(hidden[i], __hmul2(hidden[i], slope)));
     } else {
@@ -768,7 +783,8 @@ __device__ __forceinline__ void packed_gatv2_scores(const ParamsT& p, const Gath
 // PRECOMPUTED: the scores come from p.scores_in (slot order, written by the
 // edge-balanced score phase) instead of from the source and target rows; the
 // rest (online softmax, dropout, aggregation, tiles) is the same pass.
-// HEAD_LANES: 0, or the lanes per head it was built for (fixed_head_lanes).
+// HEAD_LANES: 0, or the lanes per head it was built for (fixed_head_lanes,
+// or packed_head_lanes for the packed build).
 template <int KIND, int VEC, typename scalar_t, bool PRECOMPUTED = false, int HEAD_LANES = 0>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<KIND, VEC, scalar_t, HEAD_LANES>()) forward_kernel(const Params<scalar_t> p) {
   constexpr int U = forward_edges_per_step<KIND, VEC>();
@@ -778,8 +794,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
   // 16-bit GATv2 and Cosine built for packed scores (packed_head_lanes): x_dst (and att) kept as words.
   // The host launches that build only without dropout, edge features or returned scores, so it
   // carries none of their per-step code (launch_forward).
-  constexpr bool kPacked = !PRECOMPUTED && kHas16BitMma && HEAD_LANES > 0 &&
-                           HEAD_LANES == packed_head_lanes<KIND, VEC, scalar_t>();
+  constexpr bool kPacked = !PRECOMPUTED && kHas16BitMma && packed_build<KIND, VEC, scalar_t, HEAD_LANES>();
   const Dropout dropout = kPacked ? Dropout{} : p.dropout;
   const Lane<VEC> lane(geo);
   const bool need_eid = !kPacked && (p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr);
@@ -792,9 +807,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
   Chunks<VEC> att;  // GATv2's attention vector
   uint32_t att_words[4];
   if constexpr (kPacked && KIND == kGatV2) {
-    Gathered<VEC, scalar_t> chunk;
-    gather_row<VEC>(p.att, 0, geo, lane, chunk);
-    words_of<scalar_t>(chunk.chunk[0], att_words);
+    gather_words<scalar_t>(p.att, 0, geo, lane, att_words);
   } else if constexpr (KIND == kGatV2) {
     load_row<VEC>(p.att, 0, geo, lane, att);
   }
@@ -804,9 +817,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
     uint32_t target_words[4];
     float alpha_dst = 0.f, target_inverse_norm = 1.f;
     if constexpr (kPacked) {
-      Gathered<VEC, scalar_t> chunk;
-      gather_row<VEC>(p.dst_vec, item.row, geo, lane, chunk);
-      words_of<scalar_t>(chunk.chunk[0], target_words);
+      gather_words<scalar_t>(p.dst_vec, item.row, geo, lane, target_words);
       if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
     } else if constexpr (!PRECOMPUTED) {
       if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
@@ -828,7 +839,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
       float partial[U], inverse_norm[U];  // Cosine: 1 / max(|x_src|, floor)
       float score[U], drop[U];
       if constexpr (kPacked && KIND == kGatV2) {
-        packed_gatv2_scores<scalar_t, U>(p, gathered, lane, target_words, att_words, score);
+        packed_gatv2_scores<scalar_t, U>(p.slope, gathered, lane, target_words, att_words, score);
 #pragma unroll
         for (int u = 0; u < U; ++u) score[u] *= factor;  // as finish_score
       } else if constexpr (kPacked) {  // Cosine: <x_dst, x_src> over both norms, as finish_score
@@ -1610,93 +1621,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) gat_target_sums_kernel(
 // dots[2r] = lse[r], dots[2r + 1] = the dot, the (lse, delta) pairs the
 // source pass gathers per edge, without a separate pass stacking them.
 // NORMS: dots[r] = |a[r]| instead (b and offset unused), Cosine's row norms.
-// Each warp takes kDotRowsPerWarp consecutive rows (contiguous memory) and
-// issues all their loads before the first sum: with one row per warp the
-// loads in flight were too few (H100, rmat20 4 x 32: 0.63 ms for 1 GiB read;
-// the norms of a bf16 1 x 128 x took 0.144 ms for 256 MiB that way). Warps
-// then move on by `warps` groups of rows (one group each when the host
-// launches a warp per group).
 //
-// column_partials (channels <= 32, one channel per lane): a's column sums
-// as well, the gradient of the output bias the forward added to every row,
-// from the read this kernel makes anyway instead of a second pass over a
-// (GATConv on rmat20: a 0.19 ms matrix-vector product per step). Each warp
-// sums per (row position r, channel) in registers and writes its sums once,
-// as partial row warp * kDotRowsPerWarp + r; the host launches a multiple of
-// heads / gcd(heads, kDotRowsPerWarp) warps, so that position's rows are all
-// of head (warp * kDotRowsPerWarp + r) % heads and attention_row_dots adds
-// the partial rows of each head in a fixed order.
+// Each lane reads whole chunks of VEC elements (16 bytes where the rows are
+// 16-byte aligned and C % VEC == 0, else VEC 1), `lanes` lanes per row
+// (lanes_per_edge of its chunks), so one load round of the warp covers
+// 32 / lanes rows; each warp issues kDotRowsPerWarp such rounds before its
+// first sum: with one row per warp the loads in flight were too few (H100,
+// rmat20 4 x 32: 0.63 ms for 1 GiB read), and one element per lane read only
+// 64 bytes per warp and load in bf16 (the norms of a bf16 1 x 128 x on
+// rmat20: 0.24 ms for 256 MiB, slower than fp32's 512 MiB at 0.19 ms; 0.12
+// ms in 16-byte chunks).
 constexpr int kDotRowsPerWarp = 8;
 constexpr int kMaxBiasChannels = kWarp;
 
-template <typename scalar_t, bool NORMS = false>
+template <typename scalar_t, int VEC, bool NORMS = false>
 __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
                                 const scalar_t* __restrict__ offset, const float* __restrict__ lse, int64_t rows,
-                                int heads, int channels, int64_t warps, float* __restrict__ dots,
-                                float* __restrict__ column_partials) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (warp >= warps) return;  // warp-uniform
-  const int lane = threadIdx.x & (kWarp - 1);
-  float column[kDotRowsPerWarp] = {};
-  for (int64_t first = warp * kDotRowsPerWarp; first < rows; first += warps * kDotRowsPerWarp) {
-    // each row's head's offset, found once per row: a 64-bit remainder per
-    // element doubled the kernel's time (H100, rmat20 4 x 32: 0.41 -> 0.91 ms)
-    int head_of[kDotRowsPerWarp];
-    head_of[0] = static_cast<int>(first % heads);
-#pragma unroll
-    for (int r = 1; r < kDotRowsPerWarp; ++r) head_of[r] = head_of[r - 1] + 1 == heads ? 0 : head_of[r - 1] + 1;
-    float sums[kDotRowsPerWarp] = {};
-    for (int c = lane; c - lane < channels; c += kWarp) {  // every lane takes each round (the sums are whole-warp)
-      float products[kDotRowsPerWarp];
-#pragma unroll
-      for (int r = 0; r < kDotRowsPerWarp; ++r) {
-        const int64_t row = first + r;
-        const bool valid = row < rows && c < channels;
-        const int64_t at = row * channels + c;
-        const float value = valid ? static_cast<float>(a[at]) : 0.f;
-        if constexpr (NORMS) {
-          products[r] = value * value;
-        } else {
-          const float shift = valid && offset != nullptr ? static_cast<float>(offset[head_of[r] * channels + c]) : 0.f;
-          products[r] = valid ? value * (static_cast<float>(b[at]) - shift) : 0.f;
-          column[r] += value;  // read only with column_partials (one channel round then)
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kDotRowsPerWarp; ++r) sums[r] += products[r];
-    }
-#pragma unroll
-    for (int r = 0; r < kDotRowsPerWarp; ++r) {
-      const float sum = warp_sum(sums[r]);
-      if (lane != 0 || first + r >= rows) continue;
-      if (lse != nullptr) {
-        reinterpret_cast<float2*>(dots)[first + r] = make_float2(lse[first + r], sum);
-      } else {
-        dots[first + r] = NORMS ? sqrtf(sum) : sum;
-      }
-    }
-  }
-  if (column_partials != nullptr && lane < channels) {
-#pragma unroll
-    for (int r = 0; r < kDotRowsPerWarp; ++r) {
-      column_partials[(warp * kDotRowsPerWarp + r) * channels + lane] = column[r];
-    }
-  }
-}
-
-// row_dots_kernel for rows of C % VEC == 0 elements (VEC: 16 bytes of
-// scalar_t, every row 16-byte aligned), without column sums: each lane reads
-// whole 16-byte chunks, `lanes` lanes per row (lanes_per_edge of its
-// chunks), so one load round of the warp covers 32 / lanes rows, and each
-// warp issues kDotRowsPerWarp such rounds before its first sum. One element
-// per lane read only 64 bytes per warp and load in bf16: the norms of a bf16
-// 1 x 128 x on rmat20 took 0.24 ms (H100) for 256 MiB, slower than fp32's
-// 512 MiB (0.19 ms).
-template <typename scalar_t, bool NORMS = false>
-__global__ void row_dots_vec_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
-                                    const scalar_t* __restrict__ offset, const float* __restrict__ lse, int64_t rows,
-                                    int heads, int channels, int lanes, float* __restrict__ dots) {
-  constexpr int VEC = vec_width<scalar_t>();
+                                int heads, int channels, int lanes, float* __restrict__ dots) {
   const int lane = threadIdx.x & (kWarp - 1);
   const int in_row = lane & (lanes - 1);
   const int rows_per_round = kWarp / lanes;
@@ -1731,6 +1672,65 @@ __global__ void row_dots_vec_kernel(const scalar_t* __restrict__ a, const scalar
       reinterpret_cast<float2*>(dots)[row] = make_float2(lse[row], sum);
     } else {
       dots[row] = NORMS ? sqrtf(sum) : sum;
+    }
+  }
+}
+
+// row_dots_kernel's dots and, in the same read, a's column sums
+// (channels <= 32, one channel per lane), the gradient of the output bias
+// the forward added to every row, instead of a second pass over a (GATConv
+// on rmat20: a 0.19 ms matrix-vector product per step). Each warp takes
+// kDotRowsPerWarp consecutive rows at a time, one element per lane, sums
+// per (row position r, channel) in registers and writes its sums once, as
+// partial row warp * kDotRowsPerWarp + r; the host launches a multiple of
+// heads / gcd(heads, kDotRowsPerWarp) warps that loop over the groups of
+// rows, so that position's rows are all of head (warp * kDotRowsPerWarp + r)
+// % heads and attention_row_dots adds the partial rows of each head in a
+// fixed order.
+template <typename scalar_t>
+__global__ void row_dots_columns_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
+                                        const scalar_t* __restrict__ offset, const float* __restrict__ lse,
+                                        int64_t rows, int heads, int channels, int64_t warps,
+                                        float* __restrict__ dots, float* __restrict__ column_partials) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (warp >= warps) return;  // warp-uniform
+  const int lane = threadIdx.x & (kWarp - 1);
+  float column[kDotRowsPerWarp] = {};
+  for (int64_t first = warp * kDotRowsPerWarp; first < rows; first += warps * kDotRowsPerWarp) {
+    // each row's head's offset, found once per row: a 64-bit remainder per
+    // element doubled the kernel's time (H100, rmat20 4 x 32: 0.41 -> 0.91 ms)
+    int head_of[kDotRowsPerWarp];
+    head_of[0] = static_cast<int>(first % heads);
+#pragma unroll
+    for (int r = 1; r < kDotRowsPerWarp; ++r) head_of[r] = head_of[r - 1] + 1 == heads ? 0 : head_of[r - 1] + 1;
+    float sums[kDotRowsPerWarp] = {};
+    if (lane < channels) {  // one channel round: channels <= 32
+#pragma unroll
+      for (int r = 0; r < kDotRowsPerWarp; ++r) {
+        const int64_t row = first + r;
+        if (row >= rows) continue;
+        const int64_t at = row * channels + lane;
+        const float value = static_cast<float>(a[at]);
+        const float shift = offset != nullptr ? static_cast<float>(offset[head_of[r] * channels + lane]) : 0.f;
+        sums[r] = value * (static_cast<float>(b[at]) - shift);
+        column[r] += value;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kDotRowsPerWarp; ++r) {
+      const float sum = warp_sum(sums[r]);
+      if (lane != 0 || first + r >= rows) continue;
+      if (lse != nullptr) {
+        reinterpret_cast<float2*>(dots)[first + r] = make_float2(lse[first + r], sum);
+      } else {
+        dots[first + r] = sum;
+      }
+    }
+  }
+  if (lane < channels) {
+#pragma unroll
+    for (int r = 0; r < kDotRowsPerWarp; ++r) {
+      column_partials[(warp * kDotRowsPerWarp + r) * channels + lane] = column[r];
     }
   }
 }
@@ -2280,23 +2280,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 // Blocks of the node-level Cosine kernels: one warp per (node, head) row.
 unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
-// Launches row_dots_vec_kernel when its rows allow (see there); false if not.
+// Launches row_dots_kernel in 16-byte chunks where every row allows, else one element at a time.
 template <bool NORMS, typename scalar_t>
-bool launch_row_dots_vec(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset,
-                         const float* lse, float* dots, cudaStream_t stream) {
-  constexpr int VEC = vec_width<scalar_t>();
+void launch_row_dots(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset,
+                     const float* lse, float* dots, cudaStream_t stream) {
+  constexpr int kVec = vec_width<scalar_t>();
   const int64_t heads = a.size(1), channels = a.size(2), rows = a.size(0) * heads;
-  const bool aligned = rows_vectorisable(a, channels, VEC) && (b == nullptr || rows_vectorisable(*b, channels, VEC)) &&
-                       (!offset.has_value() || rows_vectorisable(*offset, channels, VEC));
-  if (!aligned) return false;
-  const int lanes = lanes_per_edge(channels / VEC);
+  const bool whole_chunks = rows_vectorisable(a, channels, kVec) &&
+                            (b == nullptr || rows_vectorisable(*b, channels, kVec)) &&
+                            (!offset.has_value() || rows_vectorisable(*offset, channels, kVec));
+  const int vec = whole_chunks ? kVec : 1;
+  const int lanes = lanes_per_edge(channels / vec);
   const int64_t rows_per_warp = int64_t{kDotRowsPerWarp} * (kWarp / lanes);
   const int64_t warps = (rows + rows_per_warp - 1) / rows_per_warp;
-  row_dots_vec_kernel<scalar_t, NORMS><<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
+  const auto kernel = whole_chunks ? row_dots_kernel<scalar_t, kVec, NORMS> : row_dots_kernel<scalar_t, 1, NORMS>;
+  kernel<<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
       a.data_ptr<scalar_t>(), b == nullptr ? nullptr : b->data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), lse,
       rows, static_cast<int>(heads), static_cast<int>(channels), lanes, dots);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return true;
 }
 
 // GAT's packed gradients (see the schemas): [N, H * C + 2H], rows of (d x_src,
@@ -2480,12 +2481,7 @@ at::Tensor attention_row_norms(const at::Tensor& x) {
   if (rows == 0 || x.size(2) == 0) return norm.zero_();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), kRowNorms, [&] {
-    if (launch_row_dots_vec<true, scalar_t>(x, nullptr, c10::nullopt, nullptr, norm.data_ptr<float>(), stream)) return;
-    const int64_t warps = (rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp;
-    row_dots_kernel<scalar_t, true><<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
-        x.data_ptr<scalar_t>(), nullptr, nullptr, nullptr, rows, static_cast<int>(x.size(1)),
-        static_cast<int>(x.size(2)), warps, norm.data_ptr<float>(), nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_row_dots<true, scalar_t>(x, nullptr, c10::nullopt, nullptr, norm.data_ptr<float>(), stream);
   });
   return norm;
 }
@@ -2517,27 +2513,24 @@ std::tuple<at::Tensor, at::Tensor> attention_row_dots(const at::Tensor& a, const
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(a.scalar_type(), kRowDots, [&] {
     const float* lse_data = lse.has_value() ? lse->data_ptr<float>() : nullptr;
-    if (!column_sums && launch_row_dots_vec<false, scalar_t>(a, &b, offset, lse_data, dots.data_ptr<float>(), stream))
+    if (!column_sums) {
+      launch_row_dots<false, scalar_t>(a, &b, offset, lse_data, dots.data_ptr<float>(), stream);
       return;
-    const auto kernel = row_dots_kernel<scalar_t>;
-    const int64_t groups = (rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp;
-    int64_t warps = groups;  // one group of rows per warp
-    at::Tensor partials;
-    if (column_sums) {
-      // the resident warps loop over the groups, a multiple of `step` of them (see row_dots_kernel)
-      const int64_t step = heads / std::gcd(heads, static_cast<int64_t>(kDotRowsPerWarp));
-      const int64_t resident =
-          resident_blocks(kernel, (groups + kWarpsPerBlock - 1) / kWarpsPerBlock) * kWarpsPerBlock;
-      warps = std::max(step, std::min(resident, groups) / step * step);
-      partials = at::empty({warps * kDotRowsPerWarp, channels}, float_options);
     }
+    // the resident warps loop over the groups, a multiple of `step` of them (see row_dots_columns_kernel)
+    const auto kernel = row_dots_columns_kernel<scalar_t>;
+    const int64_t groups = (rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp;
+    const int64_t step = heads / std::gcd(heads, static_cast<int64_t>(kDotRowsPerWarp));
+    const int64_t resident = resident_blocks(kernel, (groups + kWarpsPerBlock - 1) / kWarpsPerBlock) * kWarpsPerBlock;
+    const int64_t warps = std::max(step, std::min(resident, groups) / step * step);
+    at::Tensor partials = at::empty({warps * kDotRowsPerWarp, channels}, float_options);
     kernel<<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
-        a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset),
-        lse.has_value() ? lse->data_ptr<float>() : nullptr, rows, static_cast<int>(heads), static_cast<int>(channels),
-        warps, dots.data_ptr<float>(), column_sums ? partials.data_ptr<float>() : nullptr);
+        a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), lse_data, rows,
+        static_cast<int>(heads), static_cast<int>(channels), warps, dots.data_ptr<float>(),
+        partials.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     // partial row p belongs to head p % heads; summed in a fixed order (deterministic)
-    if (column_sums) at::sum_out(sums, partials.view({-1, heads, channels}), {0});
+    at::sum_out(sums, partials.view({-1, heads, channels}), {0});
   });
   return {dots, sums};
 }
