@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from gnnio_cli.nn.linear import Linear, _SharedInputAffine, add_bias, affine, bias_gradient, project_shared
+from gnnio_cli.ops import dispatch
 from testing import DEVICES
 
 
@@ -33,12 +34,15 @@ def test_linear_gradients_equal_f_linear(device, dtype):
     layer = Linear(16, 8).to(device=device, dtype=dtype)
     x = torch.randn(300, 16, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(300, 8, device=device, dtype=dtype)
+    dispatch.reset()
     out = layer(x)
     ours = torch.autograd.grad(out, [x, layer.weight, layer.bias], grad)
     reference = F.linear(x, layer.weight, layer.bias)
     theirs = torch.autograd.grad(reference, [x, layer.weight, layer.bias], grad)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+    # torch's own GEMM gives the same bits; the split-TF32 kernel (CUDA fp32) fp32's accuracy
+    exact = tolerance if dispatch.ran().get("projection") == "split-tf32" else dict(rtol=0, atol=0)
+    torch.testing.assert_close(out, reference, **exact)
     for mine, torchs in zip(ours, theirs):
         assert mine.dtype == torchs.dtype
         torch.testing.assert_close(mine, torchs, **tolerance)
@@ -87,7 +91,7 @@ def test_project_shared_equals_separate_linears(device, count):
     theirs = [linear(x) for linear in linears]
     expected = torch.autograd.grad(theirs, [x, *params], grads)
     for out, reference in zip(ours, theirs):
-        torch.testing.assert_close(out, reference, rtol=0, atol=0)
+        torch.testing.assert_close(out, reference, rtol=0, atol=0)  # the same product, shared or not
     for a, b in zip(mine, expected):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 

@@ -18,6 +18,8 @@ from torch import Tensor
 from torch.nn.parameter import Parameter, UninitializedParameter, is_lazy
 
 from gnnio_cli.errors import GnnioError
+from gnnio_cli.ops import dense
+from gnnio_cli.ops.dense import bias_gradient
 
 WEIGHT_INITIALIZERS = ("glorot", "uniform", "kaiming_uniform", None)
 BIAS_INITIALIZERS = ("zeros", None)
@@ -49,19 +51,6 @@ def reset_module(module) -> None:
             reset_module(child)
 
 
-def bias_gradient(grad: Tensor) -> Tensor:
-    """The gradient of a bias added to every row of `grad` ([*, F]): its column sums, as ones @ grad.
-
-    A matrix-vector product instead of torch's column reduction, which the
-    bias of F.linear and of a broadcast add get: on tall node-feature tensors
-    cuBLAS reads the rows at close to full bandwidth (H100, [1048576, 128]
-    fp32: 0.213 ms against 0.391 ms for grad.sum(0)), and a layer's training
-    step has one such sum per bias.
-    """
-    rows = grad.reshape(-1, grad.shape[-1])
-    return torch.mv(rows.t(), rows.new_ones(rows.shape[0]))
-
-
 class _BiasAdd(torch.autograd.Function):
     """x + bias (bias [F] broadcast over the rows of x [*, F]) whose bias gradient comes from bias_gradient."""
 
@@ -80,21 +69,18 @@ class _BiasAdd(torch.autograd.Function):
 class _SharedInputAffine(torch.autograd.Function):
     """F.linear(x, w_i, b_i) for one or several projections (w_1, b_1, w_2, b_2, ...) of one x.
 
-    Biases get bias_gradient (any may be None; the GEMMs are F.linear's).
-    With several projections, backward forms x's gradient as one g_i @ w_i and adds each further one
-    inside its GEMM (addmm_, beta = 1), instead of one GEMM per projection and
-    the sums of their [N, F] results that autograd would run for separate
-    projections. The narrowest g_i come first and the widest last: a GEMM with
-    a wide g is bound by its arithmetic, so the read of the sum it adds to
-    hides behind it, where a narrow one (8 wide, say) is
-    bound by memory and would pay for reading and writing the whole sum again.
+    The products are ops.dense's: torch's GEMMs by default (x's gradient as
+    one GEMM plus one addmm_ per further projection), or, under
+    GNNIO_FP32_MATMUL=split-tf32, one tensor-core product per pass for all
+    projections at fp32's accuracy. Biases (any may be None) get
+    ops.dense.bias_gradient, or the kernel's row sums.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, *weights_and_biases: Optional[Tensor]):
         weights = weights_and_biases[0::2]
         ctx.save_for_backward(x, *weights)
-        return tuple(F.linear(x, w, b) for w, b in zip(weights, weights_and_biases[1::2]))
+        return dense.project(x, weights, weights_and_biases[1::2])
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
@@ -103,15 +89,10 @@ class _SharedInputAffine(torch.autograd.Function):
         grads = [g.reshape(-1, g.shape[-1]) for g in grads]
         grad_x = None
         if ctx.needs_input_grad[0]:
-            narrow_first = sorted(range(len(grads)), key=lambda i: grads[i].shape[-1])
-            grad_x = grads[narrow_first[0]] @ weights[narrow_first[0]]
-            for i in narrow_first[1:]:
-                grad_x.addmm_(grads[i], weights[i])
-            grad_x = grad_x.view(x.shape)
-        param_grads = []
-        for i, g in enumerate(grads):
-            param_grads.append(g.t() @ rows if ctx.needs_input_grad[1 + 2 * i] else None)
-            param_grads.append(bias_gradient(g) if ctx.needs_input_grad[2 + 2 * i] else None)
+            grad_x = dense.project_input_gradient(grads, weights).view(x.shape)
+        param_grads = dense.project_parameter_gradients(
+            grads, rows, ctx.needs_input_grad[1::2], ctx.needs_input_grad[2::2]
+        )
         return (grad_x, *param_grads)
 
 

@@ -42,6 +42,7 @@ import torch
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch
+from gnnio_cli.ops.dense import bias_gradient
 
 GAT, GATV2, DOT, COSINE = 0, 1, 2, 3
 
@@ -50,7 +51,7 @@ MAX_CHANNELS = 256
 NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # The widest head whose output bias gradient attention_row_dots sums as it reads grad_out (one
-# channel per lane); wider heads take nn.linear.bias_gradient's pass of their own.
+# channel per lane); wider heads take ops.dense.bias_gradient's pass of their own.
 MAX_ROW_DOTS_BIAS = 32
 
 # A row longer than this many in-edges is split into tiles no matter the graph.
@@ -369,8 +370,6 @@ class _FusedAttention(torch.autograd.Function):
         if bias_in_row_dots:
             grad_bias = bias_sums.to(grad_out.dtype)
         elif ctx.needs_input_grad[8]:
-            from gnnio_cli.nn.linear import bias_gradient  # here: gnnio_cli.nn imports this module
-
             grad_bias = bias_gradient(grad_out.view(grad_out.shape[0], -1)).view(grad_out.shape[1:])
         return (None, *grads, grad_bias)
 

@@ -1,0 +1,145 @@
+"""Dense projections of node features: x @ W_i^T + b_i for weights W_i sharing one x, and their gradients.
+
+Every layer's Linear maps go through here (``nn.linear``). Two implementations,
+chosen by ``GNNIO_FP32_MATMUL``:
+
+- ``cublas`` (the default): torch's own GEMMs (F.linear, @, addmm_; in fp32
+  without TF32, as torch's default). Every dtype and device.
+- ``split-tf32`` (native/dense.cu, asked for with ``GNNIO_FP32_MATMUL=split-tf32``):
+  fp32 CUDA tensors on compute capability 8.0+. Each fp32 operand is split
+  into two TF32 parts and every product is taken as three TF32 tensor-core
+  products summed in fp32, which keeps fp32's accuracy (about 22 significant
+  bits per product; the tests hold its error against fp64 to a small
+  multiple of cuBLAS SGEMM's). All projections of one x are one product: the
+  forward writes each output to a tensor of its own, the input gradient reads
+  every output gradient as one operand, and the weight gradients come out as
+  one [sum of widths, F] product whose row sums are the bias gradients. Long
+  products (the weight gradients sum over every node) are split into ranges
+  added in order: deterministic. Not the default: its first version measured
+  slower than cuBLAS on rmat20's forward projections (docs/BENCHMARKS.md, run
+  85). Inputs it does not take (another dtype or device, a width not a
+  multiple of 4, more than four projections, a double backward) get cuBLAS.
+
+Where the kernel runs it is recorded as op ``projection`` (``gnnio run``
+shows it); torch's GEMMs are not recorded.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.ops import dispatch
+
+MATMUL_ENV = "GNNIO_FP32_MATMUL"
+MATMUL_CHOICES = ("split-tf32", "cublas")
+MAX_PROJECTIONS = 4  # native/dense.cu's kMaxSegments
+WIDTH_MULTIPLE = 4  # 16-byte chunks of fp32
+
+
+def matmul_choice() -> str:
+    """The fp32 projection kernel asked for by GNNIO_FP32_MATMUL (default cublas)."""
+    choice = os.environ.get(MATMUL_ENV, "cublas")
+    if choice not in MATMUL_CHOICES:
+        raise GnnioError(f"{MATMUL_ENV}={choice!r}: choose one of {', '.join(MATMUL_CHOICES)}")
+    return choice
+
+
+def _fits_split_tf32(tensor: Tensor) -> bool:
+    return tensor.dtype == torch.float32 and tensor.shape[-1] % WIDTH_MULTIPLE == 0
+
+
+def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor) -> bool:
+    """Whether products of x [*, F] for projections of `widths` (other operands: `others`) take the split-TF32 kernel."""
+    if not x.is_cuda or matmul_choice() != "split-tf32" or not 0 < len(widths) <= MAX_PROJECTIONS:
+        return False
+    if any(width % WIDTH_MULTIPLE for width in widths) or not all(_fits_split_tf32(t) for t in (x, *others)):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others)):
+        return False  # a double backward's products: the native one has no derivative of its own
+    if dispatch.pick("projection", x, *others) != "native":
+        return False
+    return torch.cuda.get_device_capability(x.device) >= (8, 0)
+
+
+def _aligned_rows(tensor: Tensor) -> Tensor:
+    """`tensor` as contiguous [rows, width] starting on a 16-byte boundary (a copy only where needed)."""
+    rows = tensor.reshape(-1, tensor.shape[-1]).contiguous()
+    return rows if rows.data_ptr() % 16 == 0 else rows.clone()
+
+
+def _stacked(tensors: Sequence[Tensor]) -> Tensor:
+    return tensors[0].contiguous() if len(tensors) == 1 else torch.cat(list(tensors))
+
+
+def bias_gradient(grad: Tensor) -> Tensor:
+    """The gradient of a bias added to every row of `grad` ([*, F]): its column sums, as ones @ grad.
+
+    A matrix-vector product instead of torch's column reduction, which the
+    bias of F.linear and of a broadcast add get: on tall node-feature tensors
+    cuBLAS reads the rows at close to full bandwidth (H100, [1048576, 128]
+    fp32: 0.213 ms against 0.391 ms for grad.sum(0)).
+    """
+    rows = grad.reshape(-1, grad.shape[-1])
+    return torch.mv(rows.t(), rows.new_ones(rows.shape[0]))
+
+
+def project(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, ...]:
+    """(x @ w_i^T + b_i for each i): x [*, F], w_i [width_i, F], b_i [width_i] or None -> [*, width_i] each."""
+    widths = [w.shape[0] for w in weights]
+    if not uses_split_tf32(x, widths, *weights, *[b for b in biases if b is not None]):
+        return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
+    dispatch.record("projection", "split-tf32")
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+    outputs = torch.ops.gnnio.matmul_split_tf32([_aligned_rows(x)], False, [_stacked(weights)], True, bias, widths)
+    return tuple(out.view(*x.shape[:-1], out.shape[-1]) for out in outputs)
+
+
+def project_input_gradient(grads: Sequence[Tensor], weights: Sequence[Tensor]) -> Tensor:
+    """sum_i g_i @ w_i: g_i [rows, width_i], w_i [width_i, F] -> [rows, F].
+
+    The cuBLAS path forms one g_i @ w_i and adds each further one inside its
+    GEMM (addmm_, beta = 1), narrowest g_i first: a GEMM with a wide g is
+    bound by its arithmetic, so the read of the sum it adds to hides behind
+    it, where a narrow one (8 wide, say) is bound by memory and would pay for
+    reading and writing the whole sum again.
+    """
+    if uses_split_tf32(grads[0], [g.shape[-1] for g in grads], *grads, *weights):
+        b = _stacked(weights)
+        return torch.ops.gnnio.matmul_split_tf32([_aligned_rows(g) for g in grads], False, [b], False, None, [b.shape[1]])[0]
+    narrow_first = sorted(range(len(grads)), key=lambda i: grads[i].shape[-1])
+    grad_x = grads[narrow_first[0]] @ weights[narrow_first[0]]
+    for i in narrow_first[1:]:
+        grad_x.addmm_(grads[i], weights[i])
+    return grad_x
+
+
+def project_parameter_gradients(
+    grads: Sequence[Tensor], rows: Tensor, weights_needed: Sequence[bool], biases_needed: Sequence[bool]
+) -> list[Optional[Tensor]]:
+    """[grad w_1, grad b_1, grad w_2, ...] of the projections of `rows` [R, F] whose outputs got g_i [R, width_i].
+
+    grad w_i = g_i^T @ rows [width_i, F]; grad b_i = column sums of g_i; None where not needed.
+    """
+    widths = [g.shape[-1] for g in grads]
+    if uses_split_tf32(rows, widths, *grads):
+        outputs = torch.ops.gnnio.matmul_split_tf32(
+            [_aligned_rows(g) for g in grads], True, [_aligned_rows(rows)], False, None, [rows.shape[-1]], any(biases_needed)
+        )
+        weight_grads = outputs[0].split(widths)
+        bias_grads = outputs[1].split(widths) if any(biases_needed) else [None] * len(grads)
+    else:
+        weight_grads = [g.t() @ rows if needed else None for g, needed in zip(grads, weights_needed)]
+        bias_grads = [bias_gradient(g) if needed else None for g, needed in zip(grads, biases_needed)]
+    result: list[Optional[Tensor]] = []
+    for i in range(len(grads)):
+        result.append(weight_grads[i] if weights_needed[i] else None)
+        result.append(bias_grads[i] if biases_needed[i] else None)
+    return result

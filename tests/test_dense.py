@@ -1,0 +1,195 @@
+"""ops.dense: fp32 projections on the tensor cores (native/dense.cu, split TF32) against fp64.
+
+The kernel's error against an fp64 oracle is held to SPLIT_TF32_FACTOR times
+the error of torch's own fp32 GEMM on the same GPU (cuBLAS without TF32,
+torch's default), plus a floor far below fp32's accuracy. GPU only, except
+the cuBLAS-path checks at the end, which run everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gnnio_cli.nn.linear import Linear, project_shared
+from gnnio_cli.ops import dense, dispatch
+from testing import DEVICES, poison_cuda_cache, randn, relative_error
+
+
+def on_gpu(test):
+    """Runs `test` only where CUDA is visible and the native extension builds."""
+    test = pytest.mark.usefixtures("native_extension")(test)
+    return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(test)
+
+
+SPLIT_TF32_FACTOR = 4.0
+FLOOR = 1e-7
+
+
+def check_fp32_accuracy(actual: torch.Tensor, oracle: torch.Tensor, torch_fp32: torch.Tensor) -> None:
+    assert not torch.isnan(actual).any(), "an output element was never written (poisoned NaN left)"
+    error, baseline = relative_error(actual, oracle), relative_error(torch_fp32, oracle)
+    assert error <= SPLIT_TF32_FACTOR * baseline + FLOOR, f"relative error {error:.3g}, torch fp32 {baseline:.3g}"
+
+
+def column_blocks(matrix: torch.Tensor, widths: list[int]) -> list[torch.Tensor]:
+    """`matrix` cut into contiguous column blocks of `widths` (the op's segmented operands)."""
+    return [block.contiguous() for block in matrix.split(widths, dim=1)]
+
+
+# (M, K, N, segment widths of the stored A's columns, of the output's columns)
+SHAPES = [
+    pytest.param(1037, 36, 20, [12, 24], [20], id="odd-rows"),
+    pytest.param(300, 128, 512, [128], [128, 128, 128, 128], id="four-outputs"),
+    pytest.param(131, 4, 8, [4], [4, 4], id="k4"),
+    pytest.param(2000, 260, 132, [128, 4, 128], [132], id="partial-tiles"),
+    pytest.param(64, 100_000, 132, [100_000], [132], id="split-k"),
+]
+
+
+@pytest.mark.parametrize("a_transposed", [False, True], ids=["a", "a^T"])
+@pytest.mark.parametrize("b_transposed", [False, True], ids=["b", "b^T"])
+@pytest.mark.parametrize("m, k, n, a_widths, out_widths", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@on_gpu
+def test_matmul_split_tf32_matches_fp64(a_transposed, b_transposed, m, k, n, a_widths, out_widths, with_bias):
+    """C = op(A) @ op(B) (+ bias) and op(A)'s row sums, every operand orientation, against fp64."""
+    if a_transposed:  # A is stored [K, M], cut along M: M must be a multiple of 4 too
+        m -= m % 4
+        a_widths = [m] if m <= 64 else [m // 8 * 4, m - m // 8 * 4]
+    generator = torch.Generator().manual_seed(m + k + n + 2 * a_transposed + b_transposed)
+    a64 = torch.randn(m, k, dtype=torch.float64, generator=generator)
+    b64 = torch.randn(k, n, dtype=torch.float64, generator=generator)
+    bias64 = torch.randn(n, dtype=torch.float64, generator=generator) if with_bias else None
+    a_stored = (a64.t() if a_transposed else a64).float().contiguous().cuda()
+    b_stored = (b64.t() if b_transposed else b64).float().contiguous().cuda()
+    bias = bias64.float().cuda() if with_bias else None
+    poison_cuda_cache(4 * m * n * 8)
+    outputs = torch.ops.gnnio.matmul_split_tf32(
+        column_blocks(a_stored, a_widths), a_transposed, [b_stored], b_transposed, bias, out_widths, a_transposed
+    )
+    product = torch.cat(outputs[: len(out_widths)], dim=1)
+    oracle = a64 @ b64 + (bias64 if with_bias else 0)
+    a32, b32 = a64.float().cuda(), b64.float().cuda()
+    torch_fp32 = a32 @ b32 + (bias if with_bias else 0)
+    check_fp32_accuracy(product, oracle, torch_fp32)
+    if a_transposed:
+        check_fp32_accuracy(outputs[-1], a64.sum(1), a32.sum(1))
+
+
+@on_gpu
+def test_split_k_is_deterministic():
+    generator = torch.Generator().manual_seed(11)
+    grad = torch.randn(200_003, 128, generator=generator).cuda()
+    rows = torch.randn(200_003, 36, generator=generator).cuda()
+    first = torch.ops.gnnio.matmul_split_tf32([grad], True, [rows], False, None, [36], True)
+    second = torch.ops.gnnio.matmul_split_tf32([grad], True, [rows], False, None, [36], True)
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
+
+
+@on_gpu
+@pytest.mark.parametrize(
+    "a, b, b_transposed, out_widths, message",
+    [
+        pytest.param((10, 6), (6, 8), False, [8], "multiple of 4", id="width-6"),
+        pytest.param((10, 8), (12, 8), False, [8], "K = 8 but b gives K = 12", id="k-mismatch"),
+        pytest.param((10, 8), (8, 8), False, [4], "add up to N = 8", id="out-widths"),
+        pytest.param((10, 8), (8, 8), False, [2, 6], "multiples of 4", id="out-width-2"),
+    ],
+)
+def test_matmul_split_tf32_refuses_bad_shapes(a, b, b_transposed, out_widths, message):
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.gnnio.matmul_split_tf32(
+            [torch.randn(*a, device="cuda")], False, [torch.randn(*b, device="cuda")], b_transposed, None, out_widths
+        )
+    with pytest.raises(RuntimeError, match="must be float32"):
+        torch.ops.gnnio.matmul_split_tf32(
+            [torch.randn(8, 8, device="cuda", dtype=torch.float64)], False, [torch.randn(8, 8, device="cuda")], False,
+            None, [8],
+        )
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+@pytest.mark.parametrize("rows_shape", [(3001,), (7, 129)], ids=["2d", "3d"])
+@on_gpu
+def test_layer_projections_take_split_tf32_and_match_fp64(count, rows_shape, monkeypatch):
+    """project_shared / Linear on CUDA fp32 asked for split-tf32: outputs and every gradient against fp64."""
+    monkeypatch.setenv(dense.MATMUL_ENV, "split-tf32")
+    torch.manual_seed(6 + count)
+    linears = [Linear(68, 36, bias=i != 1).cuda() for i in range(count)]
+    x = randn(*rows_shape, 68, device="cuda").requires_grad_()
+    grads = [randn(*rows_shape, 36, device="cuda") for _ in linears]
+    params = [p for linear in linears for p in linear.parameters()]
+    dispatch.reset()
+    outs = project_shared(x, *linears) if count > 1 else (linears[0](x),)
+    assert dispatch.ran()["projection"] == "split-tf32"
+    mine = torch.autograd.grad(outs, [x, *params], grads)
+
+    x64 = x.detach().double().cpu().requires_grad_()
+    params64 = [p.detach().double().cpu().requires_grad_() for p in params]
+    weights64 = iter(params64)
+    outs64 = []
+    for linear in linears:
+        weight = next(weights64)
+        bias = next(weights64) if linear.bias is not None else None
+        outs64.append(F.linear(x64, weight, bias))
+    expected = torch.autograd.grad(outs64, [x64, *params64], [g.double().cpu() for g in grads])
+    with dispatch.use_backend("reference"):
+        outs32 = [linear(x) for linear in linears]
+    torch32 = torch.autograd.grad(outs32, [x, *params], grads)
+    for out, out64, out32 in zip(outs, outs64, outs32):
+        check_fp32_accuracy(out, out64, out32)
+    for a, b, c in zip(mine, expected, torch32):
+        check_fp32_accuracy(a, b, c)
+
+
+@on_gpu
+def test_double_backward_takes_differentiable_gemms(monkeypatch):
+    """create_graph=True: the backward's products are torch's, so second derivatives flow (fp64 oracle)."""
+    monkeypatch.setenv(dense.MATMUL_ENV, "split-tf32")
+    torch.manual_seed(9)
+    layer = Linear(16, 8).cuda()
+    x = randn(200, 16, device="cuda").requires_grad_()
+    (grad_x,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+    grad_x.square().sum().backward()
+
+    layer64 = Linear(16, 8).double()
+    layer64.load_state_dict({k: v.double().cpu() for k, v in layer.state_dict().items()})
+    x64 = x.detach().double().cpu().requires_grad_()
+    (grad_x64,) = torch.autograd.grad(F.linear(x64, layer64.weight, layer64.bias).square().sum(), x64, create_graph=True)
+    grad_x64.square().sum().backward()
+    assert relative_error(layer.weight.grad, layer64.weight.grad) < 1e-5
+    assert relative_error(x.grad, x64.grad) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("choice", [None, "cublas", "split-tf32"], ids=["default", "cublas", "split-tf32"])
+def test_cublas_path_gives_torch_gemms_exactly(device, choice, monkeypatch):
+    """The default, GNNIO_FP32_MATMUL=cublas, and split-tf32 on the CPU take F.linear itself: the same bits."""
+    if choice is None:
+        monkeypatch.delenv(dense.MATMUL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(dense.MATMUL_ENV, choice)
+    if choice == "split-tf32" and device == "cuda":
+        pytest.skip("split-tf32 on CUDA is the kernel (test_layer_projections_take_split_tf32_and_match_fp64)")
+    torch.manual_seed(2)
+    layer = Linear(16, 8).to(device)
+    x = torch.randn(300, 16, device=device)
+    dispatch.reset()
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+    assert "projection" not in dispatch.ran()  # only the kernel is recorded
+
+
+def test_unknown_matmul_choice_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(dense.MATMUL_ENV, "tf32")
+    with pytest.raises(Exception, match="GNNIO_FP32_MATMUL='tf32': choose one of split-tf32, cublas"):
+        dense.matmul_choice()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
+def test_projection_bench_says_it_needs_a_gpu(capsys):
+    from gnnio_cli.bench import projections
+
+    assert projections.main(["--rows", "8"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
