@@ -130,21 +130,21 @@ struct KMajorCopier {
 
   __device__ __forceinline__ void copy(const ColumnSegments<const float*>& matrix, int64_t k0, float* smem) const {
     const auto segment = matrix.segment_of(k0);
-    if (k0 + kTileK <= segment.begin + segment.width) {  // the whole k-tile inside one block
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        const bool inside = row[i] < matrix.rows;
-        const float* source = segment.ptr + row[i] * segment.width + (k0 + chunk_col<kChunksPerRow>(i) - segment.begin);
-        cp_async_16(smem + chunk_row<kChunksPerRow>(i) * kKMajorLd + chunk_col<kChunksPerRow>(i), inside ? source : matrix.ptr[0], inside);
-      }
-      return;
-    }
+    const bool one_block = k0 + kTileK <= segment.begin + segment.width;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
-      const int64_t col = k0 + chunk_col<kChunksPerRow>(i);
-      const bool inside = row[i] < matrix.rows && col < matrix.cols();
-      cp_async_16(smem + chunk_row<kChunksPerRow>(i) * kKMajorLd + chunk_col<kChunksPerRow>(i), inside ? matrix.at(row[i], col) : matrix.ptr[0],
-                  inside);
+      const int r = chunk_row<kChunksPerRow>(i), c = chunk_col<kChunksPerRow>(i);
+      const int64_t col = k0 + c;
+      const float* source = matrix.ptr[0];
+      bool inside;
+      if (one_block) {  // the whole k-tile inside one block: no lookup, no column bound
+        inside = row[i] < matrix.rows;
+        if (inside) source = segment.ptr + row[i] * segment.width + (col - segment.begin);
+      } else {
+        inside = row[i] < matrix.rows && col < matrix.cols();
+        if (inside) source = matrix.at(row[i], col);
+      }
+      cp_async_16(smem + r * kKMajorLd + c, source, inside);
     }
   }
 };
@@ -171,10 +171,10 @@ struct MnMajorCopier {
   __device__ __forceinline__ void copy(const ColumnSegments<const float*>& matrix, int64_t k0, float* smem) const {
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
-      const int64_t row = k0 + chunk_row<kChunksPerRow>(i);
+      const int r = chunk_row<kChunksPerRow>(i), c = chunk_col<kChunksPerRow>(i);
+      const int64_t row = k0 + r;
       const bool inside = column[i] != nullptr && row < matrix.rows;
-      cp_async_16(smem + chunk_row<kChunksPerRow>(i) * kMnMajorLd + chunk_col<kChunksPerRow>(i), inside ? column[i] + row * width[i] : matrix.ptr[0],
-                  inside);
+      cp_async_16(smem + r * kMnMajorLd + c, inside ? column[i] + row * width[i] : matrix.ptr[0], inside);
     }
   }
 };

@@ -157,7 +157,8 @@ def test_double_backward_takes_differentiable_gemms(monkeypatch):
     layer64 = Linear(16, 8).double()
     layer64.load_state_dict({k: v.double().cpu() for k, v in layer.state_dict().items()})
     x64 = x.detach().double().cpu().requires_grad_()
-    (grad_x64,) = torch.autograd.grad(F.linear(x64, layer64.weight, layer64.bias).square().sum(), x64, create_graph=True)
+    loss64 = F.linear(x64, layer64.weight, layer64.bias).square().sum()
+    (grad_x64,) = torch.autograd.grad(loss64, x64, create_graph=True)
     grad_x64.square().sum().backward()
     assert relative_error(layer.weight.grad, layer64.weight.grad) < 1e-5
     assert relative_error(x.grad, x64.grad) < 1e-5

@@ -45,7 +45,9 @@ def measure(rows: int, features: int, count: int, repeat: int, device: torch.dev
     """ms per product for both implementations, and each forward's error against fp64."""
     generator = torch.Generator(device=device).manual_seed(count)
     x = torch.randn(rows, features, device=device, generator=generator)
-    weights = [torch.randn(features, features, device=device, generator=generator) / features**0.5 for _ in range(count)]
+    weights = [
+        torch.randn(features, features, device=device, generator=generator) / features**0.5 for _ in range(count)
+    ]
     biases = [torch.randn(features, device=device, generator=generator) for _ in range(count)]
     grads = [torch.randn(rows, features, device=device, generator=generator) for _ in range(count)]
     needed = [True] * count
@@ -84,7 +86,8 @@ def main(argv=None) -> int:
     for result in results:
         for product in PRODUCTS:
             cublas, split = result["cublas"][product], result["split-tf32"][product]
-            print(f"{result['projections']} projection(s)  {product:26s} {cublas:7.3f} / {split:7.3f}  ({cublas / split:4.2f}x)")
+            print(f"{result['projections']} projection(s)  {product:26s} "
+                  f"{cublas:7.3f} / {split:7.3f}  ({cublas / split:4.2f}x)")
         print(f"{result['projections']} projection(s)  forward error against fp64: "
               f"cublas {result['cublas']['forward error']:.3g}, split-tf32 {result['split-tf32']['forward error']:.3g}")
     return 0

@@ -55,7 +55,8 @@ def _fits_split_tf32(tensor: Tensor) -> bool:
 
 
 def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor) -> bool:
-    """Whether products of x [*, F] for projections of `widths` (other operands: `others`) take the split-TF32 kernel."""
+    """Whether products of x [*, F] for projections of `widths` (other operands: `others`) take the
+    split-TF32 kernel."""
     if not x.is_cuda or matmul_choice() != "split-tf32" or not 0 < len(widths) <= MAX_PROJECTIONS:
         return False
     if any(width % WIDTH_MULTIPLE for width in widths) or not all(_fits_split_tf32(t) for t in (x, *others)):
@@ -112,8 +113,9 @@ def project_input_gradient(grads: Sequence[Tensor], weights: Sequence[Tensor]) -
     reading and writing the whole sum again.
     """
     if uses_split_tf32(grads[0], [g.shape[-1] for g in grads], *grads, *weights):
-        b = _stacked(weights)
-        return torch.ops.gnnio.matmul_split_tf32([_aligned_rows(g) for g in grads], False, [b], False, None, [b.shape[1]])[0]
+        stacked = _stacked(weights)
+        operands = [_aligned_rows(g) for g in grads]
+        return torch.ops.gnnio.matmul_split_tf32(operands, False, [stacked], False, None, [stacked.shape[1]])[0]
     narrow_first = sorted(range(len(grads)), key=lambda i: grads[i].shape[-1])
     grad_x = grads[narrow_first[0]] @ weights[narrow_first[0]]
     for i in narrow_first[1:]:
@@ -129,9 +131,12 @@ def project_parameter_gradients(
     grad w_i = g_i^T @ rows [width_i, F]; grad b_i = column sums of g_i; None where not needed.
     """
     widths = [g.shape[-1] for g in grads]
+    if not any(weights_needed) and not any(biases_needed):
+        return [None] * (2 * len(grads))
     if uses_split_tf32(rows, widths, *grads):
+        operands = [_aligned_rows(g) for g in grads]
         outputs = torch.ops.gnnio.matmul_split_tf32(
-            [_aligned_rows(g) for g in grads], True, [_aligned_rows(rows)], False, None, [rows.shape[-1]], any(biases_needed)
+            operands, True, [_aligned_rows(rows)], False, None, [rows.shape[-1]], any(biases_needed)
         )
         weight_grads = outputs[0].split(widths)
         bias_grads = outputs[1].split(widths) if any(biases_needed) else [None] * len(grads)
