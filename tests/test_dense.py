@@ -194,3 +194,34 @@ def test_projection_bench_says_it_needs_a_gpu(capsys):
 
     assert projections.main(["--rows", "8"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@on_gpu
+@pytest.mark.parametrize("layer_name", ["GATConv", "GATv2Conv", "TransformerConv"])
+def test_attention_layers_with_split_tf32_projections_match_fp64(layer_name, monkeypatch):
+    """A whole layer, forward and every gradient, with its projections on the kernel: as close to fp64 as with
+    torch's GEMMs (GATConv's h and score terms, and its packed gradients, take the kernel as one product)."""
+    import gnnio_cli.nn as gnnio_nn
+    from testing import random_graph
+
+    graph = random_graph(300, 3000, hub_degree=500, seed=21)
+    torch.manual_seed(21)
+    layer = getattr(gnnio_nn, layer_name)(64, 16, heads=4)
+    x = randn(300, 64, generator=torch.Generator().manual_seed(22))
+    grad_out = randn(300, 64, generator=torch.Generator().manual_seed(23))
+
+    def step(device, dtype, choice):
+        monkeypatch.setenv(dense.MATMUL_ENV, choice)
+        module = layer.to(device=device, dtype=dtype)
+        inputs = x.to(device=device, dtype=dtype).requires_grad_()
+        dispatch.reset()
+        out = module(inputs, graph.to(device))
+        grads = torch.autograd.grad(out, [inputs, *module.parameters()], grad_out.to(device=device, dtype=dtype))
+        return [out.detach(), *grads], dispatch.ran().get("projection")
+
+    oracle, _ = step("cpu", torch.float64, "cublas")
+    split, ran = step("cuda", torch.float32, "split-tf32")
+    cublas, _ = step("cuda", torch.float32, "cublas")
+    assert ran == "split-tf32"
+    for actual, expected, baseline in zip(split, oracle, cublas):
+        check_fp32_accuracy(actual, expected, baseline)

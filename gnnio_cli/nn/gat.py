@@ -13,7 +13,7 @@ from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, EdgesInput, FillValue, with_self_loops
 from gnnio_cli.nn.base import ConvBase, NodeFeatures, Size, returned_edges, split_pair
 from gnnio_cli.nn.linear import Linear, add_bias, glorot_, plain_projection, project_shared, zeros_
-from gnnio_cli.ops import attention
+from gnnio_cli.ops import attention, dense
 
 AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
 
@@ -57,14 +57,26 @@ class _ProjectWithScores(torch.autograd.Function):
     gradients), as one GEMM over those rows with [W; S] (H100, rmat20 1M x 128, 4 x 32: 1.04 ms against
     0.25 + 1.00 ms). W's and the vectors' gradients come from g_S = g_dots^T @ x [J*H, F] directly:
     d W[k*C + c] += sum_j v_j[k, c] g_S[j*H + k] and d v_j[k, c] = <g_S[j*H + k], W[k*C + c]>.
+    Under GNNIO_FP32_MATMUL=split-tf32 (ops.dense) h and the score terms are one product, and so are
+    x's gradient and [g_h, g_dots]^T @ x over the packed rows.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, *vectors: Tensor):
-        h = F.linear(x, weight)
-        stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
-        score_weight = _score_weight(weight, stacked)
-        dots = F.linear(x, score_weight).view(-1, len(vectors), stacked.shape[1])
+        heads = vectors[0].shape[-2]
+
+        def score_parts() -> tuple[Tensor, Tensor]:
+            stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
+            return stacked, _score_weight(weight, stacked)
+
+        if dense.uses_split_tf32(x, [weight.shape[0], len(vectors) * heads], weight):
+            stacked, score_weight = score_parts()
+            h, dots = dense.project(x, [weight, score_weight], [None, None])  # one product: x read once
+        else:
+            h = F.linear(x, weight)
+            stacked, score_weight = score_parts()
+            dots = F.linear(x, score_weight)
+        dots = dots.view(-1, len(vectors), heads)
         ctx.save_for_backward(x, weight, stacked, score_weight)
         ctx.vector_shapes = [v.shape for v in vectors]
         return (h, *(dots[:, j].contiguous() for j in range(len(vectors))))
@@ -82,17 +94,29 @@ class _ProjectWithScores(torch.autograd.Function):
             # one [N, J*H] gradient for the one score GEMM: a single stack, where slicing one output tensor
             # would have autograd zero-fill and copy into it once per vector
             grad_dots = torch.stack(grad_scores, dim=1).view(-1, num_vectors * heads)
-        grad_x = grad_weight = None
-        if ctx.needs_input_grad[0] and packed is not None:
+        grad_x = grad_weight = grad_h_weight = None
+        needs_vectors = any(ctx.needs_input_grad[2:])
+        # The split-TF32 kernel takes the packed rows as one operand: x's gradient as one product with
+        # [W; S], and [g_h, g_dots]^T @ x as one product whose rows are W's and S's gradients.
+        split_packed = packed is not None and dense.uses_split_tf32(rows, [packed.shape[1]], packed, weight)
+        if ctx.needs_input_grad[0] and split_packed:
+            grad_x = dense.project_input_gradient([packed], [torch.cat([weight, score_weight])]).view(x.shape)
+        elif ctx.needs_input_grad[0] and packed is not None:
             grad_x = (packed @ torch.cat([weight, score_weight])).view(x.shape)
         elif ctx.needs_input_grad[0]:
-            grad_x = (grad_dots @ score_weight).addmm_(grad_h, weight).view(x.shape)
-        needs_vectors = any(ctx.needs_input_grad[2:])
-        grad_score = grad_dots.t() @ rows if ctx.needs_input_grad[1] or needs_vectors else None  # [J*H, F]
+            grad_x = dense.project_input_gradient([grad_h, grad_dots], [weight, score_weight]).view(x.shape)
+        grad_score = None
+        if split_packed and (ctx.needs_input_grad[1] or needs_vectors):
+            both = dense.project_parameter_gradients([packed], rows, [True], [False])[0]
+            grad_h_weight, grad_score = both[: heads * channels], both[heads * channels:]
+        elif ctx.needs_input_grad[1] or needs_vectors:
+            grad_score = grad_dots.t() @ rows  # [J*H, F]
         grad_score_heads = None if grad_score is None else grad_score.view(num_vectors, heads, -1)
         if ctx.needs_input_grad[1]:
             through_scores = torch.einsum("jhc,jhf->hcf", stacked.to(grad_score.dtype), grad_score_heads)
-            grad_weight = (grad_h.t() @ rows).add_(through_scores.reshape(heads * channels, -1))
+            if grad_h_weight is None:
+                grad_h_weight = grad_h.t() @ rows
+            grad_weight = grad_h_weight.add_(through_scores.reshape(heads * channels, -1))
         grad_vectors = [None] * num_vectors
         if needs_vectors:
             per_vector = torch.einsum("jhf,hcf->jhc", grad_score_heads, weight.view(heads, channels, -1))
