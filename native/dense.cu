@@ -419,11 +419,13 @@ __global__ void reduce_splits_kernel(const float* __restrict__ partial, int64_t 
 constexpr const char* kOp = "gnnio::matmul_split_tf32";
 
 // Checks `blocks` (fp32, CUDA, 2-D, contiguous, equal row counts, widths
-// multiples of 4, 16-byte aligned) and views them as one matrix.
-ColumnSegments<const float*> column_segments(at::TensorList blocks, const char* name, const at::Device& device) {
+// multiples of 4, 16-byte aligned) and views them as one matrix: the
+// operands (P = const float*) and the outputs (float*).
+template <typename P>
+ColumnSegments<P> column_segments(at::TensorList blocks, const char* name, const at::Device& device) {
   GNNIO_CHECK(!blocks.empty() && blocks.size() <= kMaxSegments, kOp, name, " takes 1 to ", kMaxSegments,
               " tensors, got ", blocks.size());
-  ColumnSegments<const float*> matrix{};
+  ColumnSegments<P> matrix{};
   matrix.count = static_cast<int>(blocks.size());
   matrix.rows = blocks[0].dim() == 2 ? blocks[0].size(0) : -1;
   for (size_t s = 0; s < blocks.size(); ++s) {
@@ -464,8 +466,8 @@ std::vector<at::Tensor> matmul_split_tf32(at::TensorList a, bool a_transposed, a
   GNNIO_CHECK(properties->major >= 8, kOp, "TF32 tensor cores need compute capability 8.0 or newer, got ",
               properties->major, ".", properties->minor);
   GemmArgs args{};
-  args.a = column_segments(a, "a", device);
-  args.b = column_segments(b, "b", device);
+  args.a = column_segments<const float*>(a, "a", device);
+  args.b = column_segments<const float*>(b, "b", device);
   const int64_t a_cols = args.a.start[args.a.count], b_cols = args.b.start[args.b.count];
   args.m = a_transposed ? a_cols : args.a.rows;
   args.k = a_transposed ? args.a.rows : a_cols;
@@ -490,19 +492,13 @@ std::vector<at::Tensor> matmul_split_tf32(at::TensorList a, bool a_transposed, a
 
   const auto options = a[0].options();
   std::vector<at::Tensor> outputs;
-  args.out.count = static_cast<int>(out_widths.size());
-  args.out.rows = args.m;
-  for (size_t s = 0; s < out_widths.size(); ++s) {
-    outputs.push_back(at::empty({args.m, out_widths[s]}, options));
-    args.out.ptr[s] = outputs.back().data_ptr<float>();
-    args.out.start[s + 1] = args.out.start[s] + out_widths[s];
-  }
-  for (size_t s = out_widths.size(); s < kMaxSegments; ++s) args.out.ptr[s] = args.out.ptr[0];
-  at::Tensor sums = row_sums ? at::empty({args.m}, options) : at::Tensor();
+  for (int64_t width : out_widths) outputs.push_back(at::empty({args.m, width}, options));
   if (args.m == 0 || args.n == 0) {  // nothing to multiply; A's row sums may still be asked for
     if (row_sums) outputs.push_back(at::cat(a, 1).sum(0));
     return outputs;
   }
+  args.out = column_segments<float*>(outputs, "out", device);
+  at::Tensor sums = row_sums ? at::empty({args.m}, options) : at::Tensor();
 
   // Split K when there are too few tiles of C to give every SM two
   // (weight gradients: [512, 128] from K = 1M rows), keeping at least four

@@ -90,18 +90,18 @@ def test_split_k_is_deterministic():
 
 @on_gpu
 @pytest.mark.parametrize(
-    "a, b, b_transposed, out_widths, message",
+    "a, b, out_widths, message",
     [
-        pytest.param((10, 6), (6, 8), False, [8], "multiple of 4", id="width-6"),
-        pytest.param((10, 8), (12, 8), False, [8], "K = 8 but b gives K = 12", id="k-mismatch"),
-        pytest.param((10, 8), (8, 8), False, [4], "add up to N = 8", id="out-widths"),
-        pytest.param((10, 8), (8, 8), False, [2, 6], "multiples of 4", id="out-width-2"),
+        pytest.param((10, 6), (6, 8), [8], "multiple of 4", id="width-6"),
+        pytest.param((10, 8), (12, 8), [8], "K = 8 but b gives K = 12", id="k-mismatch"),
+        pytest.param((10, 8), (8, 8), [4], "add up to N = 8", id="out-widths"),
+        pytest.param((10, 8), (8, 8), [2, 6], "multiples of 4", id="out-width-2"),
     ],
 )
-def test_matmul_split_tf32_refuses_bad_shapes(a, b, b_transposed, out_widths, message):
+def test_matmul_split_tf32_refuses_bad_shapes(a, b, out_widths, message):
     with pytest.raises(RuntimeError, match=message):
         torch.ops.gnnio.matmul_split_tf32(
-            [torch.randn(*a, device="cuda")], False, [torch.randn(*b, device="cuda")], b_transposed, None, out_widths
+            [torch.randn(*a, device="cuda")], False, [torch.randn(*b, device="cuda")], False, None, out_widths
         )
     with pytest.raises(RuntimeError, match="must be float32"):
         torch.ops.gnnio.matmul_split_tf32(
