@@ -8,9 +8,11 @@
 // operand x is split into hi = tf32(x) and lo = tf32(x - hi), and a * b is
 // taken as lo_a * hi_b + hi_a * lo_b + hi_a * hi_b (the lo * lo term is
 // below fp32's rounding): three TF32 MMAs per product, each exact in its
-// products, accumulated in fp32. The result carries about 21-22 significant
-// bits per product, against fp32 SGEMM's rounding of its running sums; the
-// tests hold it to a small multiple of torch's fp32 error against fp64.
+// products, and each 8-wide step's sum added to an fp32 accumulator with
+// round-to-nearest. The result carries about 21-22 significant bits per
+// product, against fp32 SGEMM's rounding of its running sums: on rmat20's
+// projections half SGEMM's error against fp64, and the tests hold it to a
+// small multiple of torch's fp32 error everywhere.
 // Inputs near fp32's largest value (above about 3.4e38 * (1 - 2^-12)) or
 // infinite give NaN where SGEMM gives inf; such inputs overflow any
 // projection anyway.
@@ -209,24 +211,17 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 
 // One k-tile of the warp's 64 x 32 block: for each 8-wide k step, its A and B
 // fragments split into hi and lo, then three MMAs per fragment pair (the small
-// terms first, so they are not lost against the large sum).
+// terms first, so they are not lost against the larger ones).
 template <bool A_K_MAJOR, bool B_K_MAJOR>
 __device__ __forceinline__ void multiply_tile(const float* a_tile, const float* b_tile, int warp_m0, int warp_n0,
                                               float (&acc)[kFragsM][kFragsN][4]) {
   const int lane = threadIdx.x % kWarp;
   const int g = lane / 4, t = lane % 4;
-#pragma unroll
+  // Unrolled by two: by four, ptxas spills in three of the four operand
+  // orientations and rmat20's forward took 3.65 ms against 3.45 (by one:
+  // 3.61); by two it spills 16 bytes in the two MN-major-A orientations.
+#pragma unroll 2
   for (int kk = 0; kk < kTileK; kk += 8) {
-    uint32_t a_hi[kFragsM][4], a_lo[kFragsM][4];
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i) {
-      const int m = warp_m0 + i * 16 + g;
-      // m16n8k8 A fragment: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
-      split_tf32(tile_at<A_K_MAJOR>(a_tile, m, kk + t), a_hi[i][0], a_lo[i][0]);
-      split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, kk + t), a_hi[i][1], a_lo[i][1]);
-      split_tf32(tile_at<A_K_MAJOR>(a_tile, m, kk + t + 4), a_hi[i][2], a_lo[i][2]);
-      split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, kk + t + 4), a_hi[i][3], a_lo[i][3]);
-    }
     uint32_t b_hi[kFragsN][2], b_lo[kFragsN][2];
 #pragma unroll
     for (int j = 0; j < kFragsN; ++j) {
@@ -235,19 +230,33 @@ __device__ __forceinline__ void multiply_tile(const float* a_tile, const float* 
       split_tf32(tile_at<B_K_MAJOR>(b_tile, n, kk + t), b_hi[j][0], b_lo[j][0]);
       split_tf32(tile_at<B_K_MAJOR>(b_tile, n, kk + t + 4), b_hi[j][1], b_lo[j][1]);
     }
-    // Pass by pass over all 16 accumulators, so that consecutive MMAs are independent.
+    // The tensor cores round their fp32 sums toward zero, which over a long K
+    // drifts well past SGEMM's error. So each 8-wide step's three MMAs go into
+    // a fresh partial sum, added to the accumulator with an ordinary
+    // (round-to-nearest) fp32 add. One row of fragments at a time: its four
+    // partials are independent MMA chains, and need only 16 more registers
+    // (A's fragments are split per row for the same reason).
 #pragma unroll
-    for (int i = 0; i < kFragsM; ++i)
+    for (int i = 0; i < kFragsM; ++i) {
+      const int m = warp_m0 + i * 16 + g;
+      uint32_t a_hi[4], a_lo[4];
+      // m16n8k8 A fragment: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
+      split_tf32(tile_at<A_K_MAJOR>(a_tile, m, kk + t), a_hi[0], a_lo[0]);
+      split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, kk + t), a_hi[1], a_lo[1]);
+      split_tf32(tile_at<A_K_MAJOR>(a_tile, m, kk + t + 4), a_hi[2], a_lo[2]);
+      split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, kk + t + 4), a_hi[3], a_lo[3]);
+      float step[kFragsN][4] = {};
 #pragma unroll
-      for (int j = 0; j < kFragsN; ++j) mma_tf32(acc[i][j], a_lo[i], b_hi[j]);
+      for (int j = 0; j < kFragsN; ++j) mma_tf32(step[j], a_lo, b_hi[j]);
 #pragma unroll
-    for (int i = 0; i < kFragsM; ++i)
+      for (int j = 0; j < kFragsN; ++j) mma_tf32(step[j], a_hi, b_lo[j]);
 #pragma unroll
-      for (int j = 0; j < kFragsN; ++j) mma_tf32(acc[i][j], a_hi[i], b_lo[j]);
+      for (int j = 0; j < kFragsN; ++j) mma_tf32(step[j], a_hi, b_hi[j]);
 #pragma unroll
-    for (int i = 0; i < kFragsM; ++i)
+      for (int j = 0; j < kFragsN; ++j)
 #pragma unroll
-      for (int j = 0; j < kFragsN; ++j) mma_tf32(acc[i][j], a_hi[i], b_hi[j]);
+        for (int r = 0; r < 4; ++r) acc[i][j][r] += step[j][r];
+    }
   }
 }
 
