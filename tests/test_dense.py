@@ -167,7 +167,8 @@ def test_double_backward_takes_differentiable_gemms(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("choice", [None, "cublas", "split-tf32"], ids=["default", "cublas", "split-tf32"])
 def test_cublas_path_gives_torch_gemms_exactly(device, choice, monkeypatch):
-    """The default, GNNIO_FP32_MATMUL=cublas, and split-tf32 on the CPU take F.linear itself: the same bits."""
+    """GNNIO_FP32_MATMUL=cublas, split-tf32 on the CPU, and the default (auto) on the CPU or for a product far
+    too small for the kernel's tiles take F.linear itself: the same bits."""
     if choice is None:
         monkeypatch.delenv(dense.MATMUL_ENV, raising=False)
     else:
@@ -184,8 +185,38 @@ def test_cublas_path_gives_torch_gemms_exactly(device, choice, monkeypatch):
 
 def test_unknown_matmul_choice_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(dense.MATMUL_ENV, "tf32")
-    with pytest.raises(Exception, match="GNNIO_FP32_MATMUL='tf32': choose one of split-tf32, cublas"):
+    with pytest.raises(Exception, match="GNNIO_FP32_MATMUL='tf32': choose one of auto, split-tf32, cublas"):
         dense.matmul_choice()
+
+
+def test_tile_fill_counts_the_used_share_of_whole_tiles():
+    assert dense.tile_fill(1024, 512, 128) == 1.0
+    assert dense.tile_fill(1024, 136, 128) == pytest.approx(136 / 256)
+    assert dense.tile_fill(100, 128, 136) == pytest.approx(100 / 128 * 136 / 160)
+    assert dense.tile_fill(0, 128, 128) == 0.0
+
+
+@on_gpu
+@pytest.mark.parametrize("features, width, takes_kernel", [(128, 256, True), (128, 136, False), (64, 36, False)])
+def test_auto_takes_the_kernel_where_the_product_fills_its_tiles(features, width, takes_kernel, monkeypatch):
+    """The default: the forward [1000, width] product takes the kernel only where it uses 90% of its tiles'
+    work (and the backward's products likewise); every output and gradient as accurate as torch's."""
+    monkeypatch.delenv(dense.MATMUL_ENV, raising=False)
+    torch.manual_seed(4)
+    layer = Linear(features, width).cuda()
+    x = randn(1000, features, device="cuda").requires_grad_()
+    dispatch.reset()
+    out = layer(x)
+    assert (dispatch.ran().get("projection") == "split-tf32") == takes_kernel
+    grad = randn(1000, width, device="cuda")
+    mine = torch.autograd.grad(out, [x, layer.weight, layer.bias], grad)
+    reference = F.linear(x, layer.weight, layer.bias)
+    theirs = torch.autograd.grad(reference, [x, layer.weight, layer.bias], grad)
+    params64 = [t.detach().double().requires_grad_() for t in (x, layer.weight, layer.bias)]
+    out64 = F.linear(*params64)
+    oracle = torch.autograd.grad(out64, params64, grad.double())
+    for actual, expected, torch_fp32 in zip((out, *mine), (out64, *oracle), (reference, *theirs)):
+        check_fp32_accuracy(actual, expected, torch_fp32)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")

@@ -57,14 +57,16 @@ class _ProjectWithScores(torch.autograd.Function):
     gradients), as one GEMM over those rows with [W; S] (H100, rmat20 1M x 128, 4 x 32: 1.04 ms against
     0.25 + 1.00 ms). W's and the vectors' gradients come from g_S = g_dots^T @ x [J*H, F] directly:
     d W[k*C + c] += sum_j v_j[k, c] g_S[j*H + k] and d v_j[k, c] = <g_S[j*H + k], W[k*C + c]>.
-    Under GNNIO_FP32_MATMUL=split-tf32 (ops.dense) h and the score terms are one product, and so are
-    x's gradient and [g_h, g_dots]^T @ x over the packed rows.
+    Where ops.dense picks its split-TF32 kernel, h and the score terms are one product, and so are x's
+    gradient and [g_h, g_dots]^T @ x over the packed rows (by default only where that fills the kernel's
+    tiles: with H*C = 128 the 136 columns of h and scores do not, and torch's GEMMs take all three).
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, *vectors: Tensor):
         heads = vectors[0].shape[-2]
-        split_tf32 = dense.uses_split_tf32(x, [weight.shape[0], len(vectors) * heads], weight)
+        widths = [weight.shape[0], len(vectors) * heads]
+        split_tf32 = dense.uses_split_tf32(x, widths, weight, product=(x.numel() // max(x.shape[-1], 1), sum(widths), x.shape[-1]))
         h = None if split_tf32 else F.linear(x, weight)  # torch's GEMM first: the GPU starts while S is formed
         stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
         score_weight = _score_weight(weight, stacked)
@@ -98,7 +100,8 @@ class _ProjectWithScores(torch.autograd.Function):
             grad_x = dense.project_input_gradient([grad_h, grad_dots], [weight, score_weight]).view(x.shape)
         # The split-TF32 kernel takes [g_h, g_dots]^T @ x over the packed rows as one product whose rows are
         # W's and S's gradients (torch's GEMMs are faster as two: 0.70 + 0.33 ms against 1.13 on rmat20).
-        split_packed = packed is not None and dense.uses_split_tf32(rows, [packed.shape[1]], packed)
+        split_packed = packed is not None and dense.uses_split_tf32(
+            rows, [packed.shape[1]], packed, product=(packed.shape[1], rows.shape[1], rows.shape[0]))
         grad_score = None
         if split_packed and (ctx.needs_input_grad[1] or needs_vectors):
             both = dense.project_parameter_gradients([packed], rows, [True], [False])[0]

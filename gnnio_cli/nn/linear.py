@@ -69,11 +69,11 @@ class _BiasAdd(torch.autograd.Function):
 class _SharedInputAffine(torch.autograd.Function):
     """F.linear(x, w_i, b_i) for one or several projections (w_1, b_1, w_2, b_2, ...) of one x.
 
-    The products are ops.dense's: torch's GEMMs by default (x's gradient as
-    one GEMM plus one addmm_ per further projection), or, under
-    GNNIO_FP32_MATMUL=split-tf32, one tensor-core product per pass for all
-    projections at fp32's accuracy. Biases (any may be None) get
-    ops.dense.bias_gradient, or the kernel's row sums.
+    The products are ops.dense's: on CUDA fp32, where they fill its tiles,
+    one tensor-core product per pass for all projections at fp32's
+    accuracy; elsewhere torch's GEMMs (x's gradient as one GEMM plus one
+    addmm_ per further projection). Biases (any may be None) get the
+    kernel's row sums, or ops.dense.bias_gradient.
     """
 
     @staticmethod

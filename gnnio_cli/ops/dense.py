@@ -1,24 +1,37 @@
 """Dense projections of node features: x @ W_i^T + b_i for weights W_i sharing one x, and their gradients.
 
-Every layer's Linear maps go through here (``nn.linear``). Two implementations,
-chosen by ``GNNIO_FP32_MATMUL``:
+Every layer's Linear maps go through here (``nn.linear``). Two implementations:
 
-- ``cublas`` (the default): torch's own GEMMs (F.linear, @, addmm_; in fp32
-  without TF32, as torch's default). Every dtype and device.
-- ``split-tf32`` (native/dense.cu, asked for with ``GNNIO_FP32_MATMUL=split-tf32``):
-  fp32 CUDA tensors on compute capability 8.0+. Each fp32 operand is split
-  into two TF32 parts and every product is taken as three TF32 tensor-core
-  products summed in fp32, which keeps fp32's accuracy (about 22 significant
-  bits per product; the tests hold its error against fp64 to a small
-  multiple of cuBLAS SGEMM's). All projections of one x are one product: the
-  forward writes each output to a tensor of its own, the input gradient reads
-  every output gradient as one operand, and the weight gradients come out as
-  one [sum of widths, F] product whose row sums are the bias gradients. Long
-  products (the weight gradients sum over every node) are split into ranges
-  added in order: deterministic. Not the default: its first version measured
-  slower than cuBLAS on rmat20's forward projections (docs/BENCHMARKS.md, run
-  85). Inputs it does not take (another dtype or device, a width not a
-  multiple of 4, more than four projections, a double backward) get cuBLAS.
+- torch's own GEMMs (F.linear, @, addmm_; in fp32 without TF32, as torch's
+  default). Every dtype and device.
+- split TF32 (native/dense.cu): fp32 CUDA tensors on compute capability
+  8.0+. Each fp32 operand is split into two TF32 parts and every product is
+  taken as three TF32 tensor-core products, each 8-wide step's sum added to
+  the accumulator in fp32 with round-to-nearest. That keeps fp32's accuracy:
+  on rmat20's projections its error against fp64 is half cuBLAS SGEMM's,
+  and the tests hold it to a small multiple of SGEMM's everywhere. All
+  projections of one x are one product: the forward writes each output to a
+  tensor of its own, the input gradient reads every output gradient as one
+  operand, and the weight gradients come out as one [sum of widths, F]
+  product whose row sums are the bias gradients. Long products (the weight
+  gradients sum over every node) are split into ranges added in order:
+  deterministic. Inputs it does not take (another dtype or device, a width
+  not a multiple of 4, more than four projections, a double backward) get
+  torch's GEMMs.
+
+``GNNIO_FP32_MATMUL`` chooses:
+
+- ``auto`` (the default): the kernel where it can take the product and the
+  product uses at least 90% of the work of its whole 128 x 128 x 32 tiles,
+  else torch's GEMMs. On rmat20 (H100) the kernel takes 3.45 / 2.91 / 2.66 ms
+  for the forward, input-gradient and weight-gradient products of four
+  projections (all tiles full), where cuBLAS takes 3.41 / 4.04 / 3.55; for
+  GATConv's, 136 wide where tiles hold 128 (h and the score terms), it is
+  not faster: 1.77 against 1.52 ms for the forward (53% of the work used),
+  1.06 against 1.06 for x's gradient (85%), 1.29 against 1.05 for the
+  weight gradients (53%) (docs/BENCHMARKS.md, runs 87 and 89).
+- ``split-tf32``: the kernel wherever it can take the product.
+- ``cublas``: torch's GEMMs always (bit for bit what F.linear gives).
 
 Where the kernel runs it is recorded as op ``projection`` (``gnnio run``
 shows it); torch's GEMMs are not recorded.
@@ -37,14 +50,16 @@ from gnnio_cli.errors import GnnioError
 from gnnio_cli.ops import dispatch
 
 MATMUL_ENV = "GNNIO_FP32_MATMUL"
-MATMUL_CHOICES = ("split-tf32", "cublas")
+MATMUL_CHOICES = ("auto", "split-tf32", "cublas")
 MAX_PROJECTIONS = 4  # native/dense.cu's kMaxSegments
 WIDTH_MULTIPLE = 4  # 16-byte chunks of fp32
+TILE_MN, TILE_K = 128, 32  # native/dense.cu's kTileM = kTileN, and kTileK
+MIN_TILE_FILL = 0.9  # auto: the least share of its tiles' work a product must use
 
 
 def matmul_choice() -> str:
-    """The fp32 projection kernel asked for by GNNIO_FP32_MATMUL (default cublas)."""
-    choice = os.environ.get(MATMUL_ENV, "cublas")
+    """The fp32 projection kernel asked for by GNNIO_FP32_MATMUL (default auto)."""
+    choice = os.environ.get(MATMUL_ENV, "auto")
     if choice not in MATMUL_CHOICES:
         raise GnnioError(f"{MATMUL_ENV}={choice!r}: choose one of {', '.join(MATMUL_CHOICES)}")
     return choice
@@ -54,10 +69,19 @@ def _fits_split_tf32(tensor: Tensor) -> bool:
     return tensor.dtype == torch.float32 and tensor.shape[-1] % WIDTH_MULTIPLE == 0
 
 
-def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor) -> bool:
-    """Whether products of x [*, F] for projections of `widths` (other operands: `others`) take the
-    split-TF32 kernel."""
-    if not x.is_cuda or matmul_choice() != "split-tf32" or not 0 < len(widths) <= MAX_PROJECTIONS:
+def tile_fill(m: int, n: int, k: int) -> float:
+    """The share of the kernel's multiply work (whole 128 x 128 x 32 tiles) that an [m, k] @ [k, n] product uses."""
+    padded = -(-m // TILE_MN) * TILE_MN * -(-n // TILE_MN) * TILE_MN * -(-k // TILE_K) * TILE_K
+    return m * n * k / padded if padded else 0.0
+
+
+def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor, product: tuple[int, int, int]) -> bool:
+    """Whether a product with operand x [*, F] over projections of `widths` (other operands: `others`),
+    of shape (m, n, k) = `product` ([m, k] @ [k, n]), takes the split-TF32 kernel."""
+    choice = matmul_choice()
+    if not x.is_cuda or choice == "cublas" or not 0 < len(widths) <= MAX_PROJECTIONS:
+        return False
+    if choice == "auto" and tile_fill(*product) < MIN_TILE_FILL:
         return False
     if any(width % WIDTH_MULTIPLE for width in widths) or not all(_fits_split_tf32(t) for t in (x, *others)):
         return False
@@ -93,7 +117,8 @@ def bias_gradient(grad: Tensor) -> Tensor:
 def project(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, ...]:
     """(x @ w_i^T + b_i for each i): x [*, F], w_i [width_i, F], b_i [width_i] or None -> [*, width_i] each."""
     widths = [w.shape[0] for w in weights]
-    if not uses_split_tf32(x, widths, *weights, *[b for b in biases if b is not None]):
+    product = (x.numel() // max(x.shape[-1], 1), sum(widths), x.shape[-1])
+    if not uses_split_tf32(x, widths, *weights, *[b for b in biases if b is not None], product=product):
         return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
     dispatch.record("projection", "split-tf32")
     bias = None
@@ -112,7 +137,8 @@ def project_input_gradient(grads: Sequence[Tensor], weights: Sequence[Tensor]) -
     it, where a narrow one (8 wide, say) is bound by memory and would pay for
     reading and writing the whole sum again.
     """
-    if uses_split_tf32(grads[0], [g.shape[-1] for g in grads], *grads, *weights):
+    product = (grads[0].shape[0], weights[0].shape[1], sum(g.shape[-1] for g in grads))
+    if uses_split_tf32(grads[0], [g.shape[-1] for g in grads], *grads, *weights, product=product):
         stacked = _stacked(weights)
         operands = [_aligned_rows(g) for g in grads]
         return torch.ops.gnnio.matmul_split_tf32(operands, False, [stacked], False, None, [stacked.shape[1]])[0]
@@ -133,7 +159,7 @@ def project_parameter_gradients(
     widths = [g.shape[-1] for g in grads]
     if not any(weights_needed) and not any(biases_needed):
         return [None] * (2 * len(grads))
-    if uses_split_tf32(rows, widths, *grads):
+    if uses_split_tf32(rows, widths, *grads, product=(sum(widths), rows.shape[-1], rows.shape[0])):
         operands = [_aligned_rows(g) for g in grads]
         outputs = torch.ops.gnnio.matmul_split_tf32(
             operands, True, [_aligned_rows(rows)], False, None, [rows.shape[-1]], any(biases_needed)
