@@ -66,7 +66,7 @@ class _ProjectWithScores(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, *vectors: Tensor):
         heads = vectors[0].shape[-2]
         widths = [weight.shape[0], len(vectors) * heads]
-        split_tf32 = dense.uses_split_tf32(x, widths, weight, product=(x.numel() // max(x.shape[-1], 1), sum(widths), x.shape[-1]))
+        split_tf32 = dense.uses_split_tf32(x, widths, weight, product=dense.projection_product(x, widths))
         h = None if split_tf32 else F.linear(x, weight)  # torch's GEMM first: the GPU starts while S is formed
         stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
         score_weight = _score_weight(weight, stacked)

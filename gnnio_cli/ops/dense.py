@@ -75,6 +75,11 @@ def tile_fill(m: int, n: int, k: int) -> float:
     return m * n * k / padded if padded else 0.0
 
 
+def projection_product(x: Tensor, widths: Sequence[int]) -> tuple[int, int, int]:
+    """(m, n, k) of the forward product of x [*, F] for projections of `widths`: [rows, F] @ [F, sum widths]."""
+    return x.numel() // max(x.shape[-1], 1), sum(widths), x.shape[-1]
+
+
 def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor, product: tuple[int, int, int]) -> bool:
     """Whether a product with operand x [*, F] over projections of `widths` (other operands: `others`),
     of shape (m, n, k) = `product` ([m, k] @ [k, n]), takes the split-TF32 kernel."""
@@ -117,7 +122,7 @@ def bias_gradient(grad: Tensor) -> Tensor:
 def project(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, ...]:
     """(x @ w_i^T + b_i for each i): x [*, F], w_i [width_i, F], b_i [width_i] or None -> [*, width_i] each."""
     widths = [w.shape[0] for w in weights]
-    product = (x.numel() // max(x.shape[-1], 1), sum(widths), x.shape[-1])
+    product = projection_product(x, widths)
     if not uses_split_tf32(x, widths, *weights, *[b for b in biases if b is not None], product=product):
         return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
     dispatch.record("projection", "split-tf32")
