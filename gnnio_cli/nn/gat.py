@@ -100,8 +100,7 @@ class _ProjectWithScores(torch.autograd.Function):
             grad_x = dense.project_input_gradient([grad_h, grad_dots], [weight, score_weight]).view(x.shape)
         # The split-TF32 kernel takes [g_h, g_dots]^T @ x over the packed rows as one product whose rows are
         # W's and S's gradients (torch's GEMMs are faster as two: 0.70 + 0.33 ms against 1.13 on rmat20).
-        split_packed = packed is not None and dense.uses_split_tf32(
-            rows, [packed.shape[1]], packed, product=(packed.shape[1], rows.shape[1], rows.shape[0]))
+        split_packed = packed is not None and dense.parameter_gradients_use_split_tf32([packed], rows)
         grad_score = None
         if split_packed and (ctx.needs_input_grad[1] or needs_vectors):
             both = dense.project_parameter_gradients([packed], rows, [True], [False])[0]

@@ -97,6 +97,12 @@ def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor, product: 
     return torch.cuda.get_device_capability(x.device) >= (8, 0)
 
 
+def parameter_gradients_use_split_tf32(grads: Sequence[Tensor], rows: Tensor) -> bool:
+    """Whether the weight gradients g_i^T @ rows (g_i [R, width_i], rows [R, F]) take the split-TF32 kernel."""
+    widths = [g.shape[-1] for g in grads]
+    return uses_split_tf32(rows, widths, *grads, product=(sum(widths), rows.shape[-1], rows.shape[0]))
+
+
 def _aligned_rows(tensor: Tensor) -> Tensor:
     """`tensor` as contiguous [rows, width] starting on a 16-byte boundary (a copy only where needed)."""
     rows = tensor.reshape(-1, tensor.shape[-1]).contiguous()
@@ -164,7 +170,7 @@ def project_parameter_gradients(
     widths = [g.shape[-1] for g in grads]
     if not any(weights_needed) and not any(biases_needed):
         return [None] * (2 * len(grads))
-    if uses_split_tf32(rows, widths, *grads, product=(sum(widths), rows.shape[-1], rows.shape[0])):
+    if parameter_gradients_use_split_tf32(grads, rows):
         operands = [_aligned_rows(g) for g in grads]
         outputs = torch.ops.gnnio.matmul_split_tf32(
             operands, True, [_aligned_rows(rows)], False, None, [rows.shape[-1]], any(biases_needed)
