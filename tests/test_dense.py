@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from gnnio_cli.nn.linear import Linear, project_shared
 from gnnio_cli.ops import dense, dispatch
-from testing import DEVICES, poison_cuda_cache, randn, relative_error
+from testing import DEVICES, assert_within_torch_error, poison_cuda_cache, randn, relative_error
 
 
 def on_gpu(test):
@@ -29,8 +29,7 @@ FLOOR = 1e-7
 
 def check_fp32_accuracy(actual: torch.Tensor, oracle: torch.Tensor, torch_fp32: torch.Tensor) -> None:
     assert not torch.isnan(actual).any(), "an output element was never written (poisoned NaN left)"
-    error, baseline = relative_error(actual, oracle), relative_error(torch_fp32, oracle)
-    assert error <= SPLIT_TF32_FACTOR * baseline + FLOOR, f"relative error {error:.3g}, torch fp32 {baseline:.3g}"
+    assert_within_torch_error(actual, oracle, torch_fp32, factor=SPLIT_TF32_FACTOR, floor=FLOOR)
 
 
 def column_blocks(matrix: torch.Tensor, widths: list[int]) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 import sys
-from contextlib import contextmanager
+from unittest import mock
 
 import torch
 
@@ -28,17 +28,9 @@ PRODUCTS = ("forward", "input gradient", "weight and bias gradients")
 CHECKED_ROWS = 4096
 
 
-@contextmanager
 def _matmul_choice(choice: str):
-    previous = os.environ.get(dense.MATMUL_ENV)
-    os.environ[dense.MATMUL_ENV] = choice
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ[dense.MATMUL_ENV]
-        else:
-            os.environ[dense.MATMUL_ENV] = previous
+    """GNNIO_FP32_MATMUL=choice inside the block (ops.dense reads it per product), restored after."""
+    return mock.patch.dict(os.environ, {dense.MATMUL_ENV: choice})
 
 
 def measure(rows: int, features: int, count: int, repeat: int, device: torch.device) -> dict:
