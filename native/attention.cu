@@ -1677,61 +1677,75 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
 }
 
 // row_dots_kernel's dots and, in the same read, a's column sums
-// (channels <= 32, one channel per lane), the gradient of the output bias
-// the forward added to every row, instead of a second pass over a (GATConv
-// on rmat20: a 0.19 ms matrix-vector product per step). Each warp takes
-// kDotRowsPerWarp consecutive rows at a time, one element per lane, sums
-// per (row position r, channel) in registers and writes its sums once, as
-// partial row warp * kDotRowsPerWarp + r; the host launches a multiple of
-// heads / gcd(heads, kDotRowsPerWarp) warps that loop over the groups of
-// rows, so that position's rows are all of head (warp * kDotRowsPerWarp + r)
-// % heads and attention_row_dots adds the partial rows of each head in a
-// fixed order.
-template <typename scalar_t>
+// (channels <= 32), the gradient of the output bias the forward added to
+// every row, instead of a second pass over a (GATConv on rmat20: a 0.19 ms
+// matrix-vector product per step). Rows are read as row_dots_kernel reads
+// them: chunks of VEC elements, `lanes` lanes per row, 32 / lanes rows per
+// load round, kDotRowsPerWarp rounds per warp and group of rows (one element
+// per lane read 1 GiB in 0.56 ms on rmat20's 4 x 32 rows, 16-byte chunks
+// 0.43 ms). Each lane sums its channels per row position r of the group in
+// registers and writes them once, as partial row
+// warp * group_rows + (its row in the group); the host launches a multiple
+// of heads / gcd(heads, group_rows) warps that loop over the groups, so all
+// rows a lane sees at one position are of one head, and attention_row_dots
+// adds the partial rows of each head in a fixed order (deterministic).
+template <typename scalar_t, int VEC>
 __global__ void row_dots_columns_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
                                         const scalar_t* __restrict__ offset, const float* __restrict__ lse,
-                                        int64_t rows, int heads, int channels, int64_t warps,
+                                        int64_t rows, int heads, int channels, int lanes, int64_t warps,
                                         float* __restrict__ dots, float* __restrict__ column_partials) {
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (warp >= warps) return;  // warp-uniform
   const int lane = threadIdx.x & (kWarp - 1);
-  float column[kDotRowsPerWarp] = {};
-  for (int64_t first = warp * kDotRowsPerWarp; first < rows; first += warps * kDotRowsPerWarp) {
-    // each row's head's offset, found once per row: a 64-bit remainder per
-    // element doubled the kernel's time (H100, rmat20 4 x 32: 0.41 -> 0.91 ms)
-    int head_of[kDotRowsPerWarp];
-    head_of[0] = static_cast<int>(first % heads);
+  const int rows_per_round = kWarp / lanes;
+  const int64_t group_rows = int64_t{kDotRowsPerWarp} * rows_per_round;
+  const int channel = (lane & (lanes - 1)) * VEC;  // this lane's first channel
+  const bool has_channels = channel < channels;
+  const int64_t my_row = warp * group_rows + lane / lanes;  // at position 0 of the warp's first group
+  // each position's head, the same in every group the warp takes (the stride
+  // warps * group_rows is a multiple of heads); found once: a 64-bit
+  // remainder per element doubled the kernel's time (0.41 -> 0.91 ms)
+  int head_of[kDotRowsPerWarp];
 #pragma unroll
-    for (int r = 1; r < kDotRowsPerWarp; ++r) head_of[r] = head_of[r - 1] + 1 == heads ? 0 : head_of[r - 1] + 1;
+  for (int r = 0; r < kDotRowsPerWarp; ++r) head_of[r] = static_cast<int>((my_row + r * rows_per_round) % heads);
+  float column[kDotRowsPerWarp][VEC] = {};
+  for (int64_t first = my_row; first - lane / lanes < rows; first += warps * group_rows) {
     float sums[kDotRowsPerWarp] = {};
-    if (lane < channels) {  // one channel round: channels <= 32
+    if (has_channels) {
 #pragma unroll
       for (int r = 0; r < kDotRowsPerWarp; ++r) {
-        const int64_t row = first + r;
+        const int64_t row = first + static_cast<int64_t>(r) * rows_per_round;
         if (row >= rows) continue;
-        const int64_t at = row * channels + lane;
-        const float value = static_cast<float>(a[at]);
-        const float shift = offset != nullptr ? static_cast<float>(offset[head_of[r] * channels + lane]) : 0.f;
-        sums[r] = value * (static_cast<float>(b[at]) - shift);
-        column[r] += value;
+        const int64_t at = row * channels + channel;
+        float value[VEC], other[VEC], shift[VEC] = {};
+        to_f32<VEC>(load_vec<scalar_t, VEC>(a + at), value);
+        to_f32<VEC>(load_vec<scalar_t, VEC>(b + at), other);
+        if (offset != nullptr) to_f32<VEC>(load_vec<scalar_t, VEC>(offset + head_of[r] * channels + channel), shift);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          sums[r] += value[v] * (other[v] - shift[v]);
+          column[r][v] += value[v];
+        }
       }
     }
 #pragma unroll
     for (int r = 0; r < kDotRowsPerWarp; ++r) {
-      const float sum = warp_sum(sums[r]);
-      if (lane != 0 || first + r >= rows) continue;
+      const float sum = head_sum<kWarp>(sums[r], lanes);
+      const int64_t row = first + static_cast<int64_t>(r) * rows_per_round;
+      if ((lane & (lanes - 1)) != 0 || row >= rows) continue;
       if (lse != nullptr) {
-        reinterpret_cast<float2*>(dots)[first + r] = make_float2(lse[first + r], sum);
+        reinterpret_cast<float2*>(dots)[row] = make_float2(lse[row], sum);
       } else {
-        dots[first + r] = sum;
+        dots[row] = sum;
       }
     }
   }
-  if (lane < channels) {
+  if (!has_channels) return;
 #pragma unroll
-    for (int r = 0; r < kDotRowsPerWarp; ++r) {
-      column_partials[(warp * kDotRowsPerWarp + r) * channels + lane] = column[r];
-    }
+  for (int r = 0; r < kDotRowsPerWarp; ++r) {
+    float* partial = column_partials + (my_row + static_cast<int64_t>(r) * rows_per_round) * channels + channel;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) partial[v] = column[r][v];
   }
 }
 
@@ -2280,15 +2294,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 // Blocks of the node-level Cosine kernels: one warp per (node, head) row.
 unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// Whether every [.., C] row of a (and of b and offset, where given) can be read in 16-byte chunks.
+template <typename scalar_t>
+bool whole_chunk_rows(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset) {
+  constexpr int kVec = vec_width<scalar_t>();
+  const int64_t channels = a.size(2);
+  return rows_vectorisable(a, channels, kVec) && (b == nullptr || rows_vectorisable(*b, channels, kVec)) &&
+         (!offset.has_value() || rows_vectorisable(*offset, channels, kVec));
+}
+
 // Launches row_dots_kernel in 16-byte chunks where every row allows, else one element at a time.
 template <bool NORMS, typename scalar_t>
 void launch_row_dots(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset,
                      const float* lse, float* dots, cudaStream_t stream) {
   constexpr int kVec = vec_width<scalar_t>();
   const int64_t heads = a.size(1), channels = a.size(2), rows = a.size(0) * heads;
-  const bool whole_chunks = rows_vectorisable(a, channels, kVec) &&
-                            (b == nullptr || rows_vectorisable(*b, channels, kVec)) &&
-                            (!offset.has_value() || rows_vectorisable(*offset, channels, kVec));
+  const bool whole_chunks = whole_chunk_rows<scalar_t>(a, b, offset);
   const int vec = whole_chunks ? kVec : 1;
   const int lanes = lanes_per_edge(channels / vec);
   const int64_t rows_per_warp = int64_t{kDotRowsPerWarp} * (kWarp / lanes);
@@ -2517,16 +2538,21 @@ std::tuple<at::Tensor, at::Tensor> attention_row_dots(const at::Tensor& a, const
       launch_row_dots<false, scalar_t>(a, &b, offset, lse_data, dots.data_ptr<float>(), stream);
       return;
     }
-    // the resident warps loop over the groups, a multiple of `step` of them (see row_dots_columns_kernel)
-    const auto kernel = row_dots_columns_kernel<scalar_t>;
-    const int64_t groups = (rows + kDotRowsPerWarp - 1) / kDotRowsPerWarp;
-    const int64_t step = heads / std::gcd(heads, static_cast<int64_t>(kDotRowsPerWarp));
+    // 16-byte chunks where every row allows, else one element per lane
+    constexpr int kVec = vec_width<scalar_t>();
+    const bool whole_chunks = whole_chunk_rows<scalar_t>(a, &b, offset);
+    const int lanes = lanes_per_edge(whole_chunks ? channels / kVec : channels);
+    const auto kernel = whole_chunks ? row_dots_columns_kernel<scalar_t, kVec> : row_dots_columns_kernel<scalar_t, 1>;
+    // the resident warps loop over the groups of rows, a multiple of `step` warps (see row_dots_columns_kernel)
+    const int64_t group_rows = int64_t{kDotRowsPerWarp} * (kWarp / lanes);
+    const int64_t groups = (rows + group_rows - 1) / group_rows;
+    const int64_t step = heads / std::gcd(heads, group_rows);
     const int64_t resident = resident_blocks(kernel, (groups + kWarpsPerBlock - 1) / kWarpsPerBlock) * kWarpsPerBlock;
     const int64_t warps = std::max(step, std::min(resident, groups) / step * step);
-    at::Tensor partials = at::empty({warps * kDotRowsPerWarp, channels}, float_options);
+    at::Tensor partials = at::empty({warps * group_rows, channels}, float_options);
     kernel<<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
         a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), lse_data, rows,
-        static_cast<int>(heads), static_cast<int>(channels), warps, dots.data_ptr<float>(),
+        static_cast<int>(heads), static_cast<int>(channels), lanes, warps, dots.data_ptr<float>(),
         partials.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     // partial row p belongs to head p % heads; summed in a fixed order (deterministic)

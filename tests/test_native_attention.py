@@ -22,7 +22,7 @@ import torch
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import attention as attention_ops
 from gnnio_cli.ops import attention_native, dispatch
-from testing import assert_within_torch_error, random_graph, randn, relative_error, with_index_dtype
+from testing import assert_within_torch_error, poison_cuda_cache, random_graph, randn, relative_error, with_index_dtype
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -677,21 +677,30 @@ def test_row_dots_match_fp64(heads, channels, dtype):
         torch.ops.gnnio.attention_row_dots(a, b[:-1])
 
 
-@pytest.mark.parametrize("heads,channels", [(1, 1), (3, 7), (4, 32), (5, 32), (9, 20)])
-def test_row_dots_column_sums_match_fp64(heads, channels):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("aligned", [True, False], ids=["chunks", "elements"])
+@pytest.mark.parametrize("heads,channels", [(1, 1), (3, 7), (2, 16), (3, 16), (4, 32), (5, 32), (9, 20)])
+def test_row_dots_column_sums_match_fp64(heads, channels, aligned, dtype):
     """attention_row_dots' column sums (the output bias gradient) against fp64 torch, on enough rows that
-    every resident warp loops over several groups, with head counts that do not divide the groups."""
+    every resident warp loops over several groups, with head counts that do not divide the groups; rows
+    read in 16-byte chunks where they allow it, one element per lane where they start off 16 bytes."""
     gen = torch.Generator().manual_seed(heads * 100 + channels + 1)
-    a = randn(50_000, heads, channels, device="cuda", generator=gen)
-    b = randn(50_000, heads, channels, device="cuda", generator=gen)
-    lse = randn(50_000, heads, device="cuda", generator=gen)
-    poison = torch.full((1 << 22,), float("nan"), device="cuda")
-    del poison
-    stats, sums = torch.ops.gnnio.attention_row_dots(a, b, None, lse, True)
+    rows, shift = 50_000, 0 if aligned else 1
+
+    def features(*shape):
+        flat = randn(math.prod(shape) + shift, dtype=dtype, device="cuda", generator=gen)
+        return flat[shift:].view(shape)  # contiguous; its start is off 16 bytes unless aligned
+
+    a, b = features(rows, heads, channels), features(rows, heads, channels)
+    offset = features(heads, channels)
+    lse = randn(rows, heads, device="cuda", generator=gen)
+    poison_cuda_cache(1 << 24)
+    stats, sums = torch.ops.gnnio.attention_row_dots(a, b, offset, lse, True)
     assert sums.shape == (heads, channels) and sums.dtype == torch.float32
     assert relative_error(sums, a.double().sum(0)) <= 1e-5
-    assert relative_error(stats[..., 1], (a.double() * b.double()).sum(-1)) <= 1e-6
-    again = torch.ops.gnnio.attention_row_dots(a, b, None, lse, True)[1]
+    assert torch.equal(stats[..., 0], lse)
+    assert relative_error(stats[..., 1], (a.double() * (b.double() - offset.double())).sum(-1)) <= 1e-6
+    again = torch.ops.gnnio.attention_row_dots(a, b, offset, lse, True)[1]
     assert torch.equal(again, sums), "the column sums are deterministic"
     with pytest.raises(RuntimeError, match=r"attention_row_dots: column sums take heads of at most 32 channels, got 33"):
         torch.ops.gnnio.attention_row_dots(a.new_ones(4, 2, 33), a.new_ones(4, 2, 33), None, None, True)
