@@ -17,7 +17,7 @@ process reuses the first one's build.
 
 Environment: ``GNNIO_CACHE_DIR`` (cache root), ``GNNIO_NATIVE=0`` (never use the
 native kernels), ``TORCH_CUDA_ARCH_LIST`` (arch list, default: the visible
-GPU's, e.g. ``9.0`` on H100/H200), ``GNNIO_NATIVE_VERBOSE=1`` (show the
+GPU's, ``9.0a`` on H100/H200), ``GNNIO_NATIVE_VERBOSE=1`` (show the
 compiler's output and ptxas register/spill reports).
 """
 
@@ -136,13 +136,16 @@ def ninja_version() -> Optional[str]:
 
 
 def arch_list() -> Optional[str]:
-    """The GPU archs to compile for: $TORCH_CUDA_ARCH_LIST, else the visible GPU's capability (9.0 on H100)."""
+    """The GPU archs to compile for: $TORCH_CUDA_ARCH_LIST, else the visible GPU's capability.
+
+    Compute capability 9.0 (H100, H200) builds for sm_90a ("9.0a"), whose code runs on those
+    GPUs alone and may use their warpgroup MMAs (wgmma: native/dense.cu's projections)."""
     explicit = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if explicit:
         return explicit
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
-        return f"{major}.{minor}"
+        return "9.0a" if (major, minor) == (9, 0) else f"{major}.{minor}"
     return None
 
 
@@ -231,7 +234,7 @@ def _configure() -> tuple[Path, str, list[str], list[str]]:
     arch = arch_list()
     if arch is None:
         raise NativeUnavailable(
-            "no GPU visible to pick the arch list; set TORCH_CUDA_ARCH_LIST (e.g. 9.0 for H100/H200)"
+            "no GPU visible to pick the arch list; set TORCH_CUDA_ARCH_LIST (e.g. 9.0a for H100/H200)"
         )
     include_dirs, ldflags = _cusparse_flags()
     return cache_root() / _build_key(arch, include_dirs, ldflags), arch, include_dirs, ldflags

@@ -8,10 +8,11 @@
 // operand x is split into hi = tf32(x) and lo = tf32(x - hi), and a * b is
 // taken as lo_a * hi_b + hi_a * lo_b + hi_a * hi_b (the lo * lo term is
 // below fp32's rounding): three TF32 MMAs per product, each exact in its
-// products, and each 8-wide step's sum added to an fp32 accumulator with
-// round-to-nearest. The result carries about 21-22 significant bits per
+// products, and each 8-wide step's sum (mma.sync, WarpMma) or 32-wide
+// k-tile's sum (wgmma on sm_90a, WarpgroupMma) added to an fp32 accumulator
+// with round-to-nearest. The result carries about 21-22 significant bits per
 // product, against fp32 SGEMM's rounding of its running sums: on rmat20's
-// projections half SGEMM's error against fp64, and the tests hold it to a
+// projections 0.5x (mma.sync) to 0.8x (wgmma) SGEMM's error against fp64, and the tests hold it to a
 // small multiple of torch's fp32 error everywhere.
 // Inputs near fp32's largest value (above about 3.4e38 * (1 - 2^-12)) or
 // infinite give NaN where SGEMM gives inf; such inputs overflow any
@@ -23,6 +24,10 @@
 // outputs (the forward writes q, k, v and skip into four tensors; the input
 // gradient reads four gradients as one K = 512 operand).
 #include "common.cuh"
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
 
 namespace gnnio {
 namespace {
@@ -50,7 +55,6 @@ constexpr int kMnMajorLd = kTileM + 8;
 constexpr int kOperandFloats = kTileM * kKMajorLd;
 static_assert(kTileK * kMnMajorLd <= kOperandFloats, "an MN-major tile must fit the K-major tile's room");
 constexpr int kStageFloats = 2 * kOperandFloats;
-constexpr size_t kSharedBytes = sizeof(float) * kStages * kStageFloats;
 
 // A [rows, cols] matrix made of up to four row-major blocks side by side:
 // block s holds columns [start[s], start[s + 1]) with row stride
@@ -260,6 +264,186 @@ __device__ __forceinline__ void multiply_tile(const float* a_tile, const float* 
   }
 }
 
+// The warp-level multiply (mma.sync, any sm_80+ GPU): eight warps of 64 x 32
+// each, see multiply_tile.
+struct WarpMma {
+  static constexpr int kFragsM = ::gnnio::kFragsM, kFragsN = ::gnnio::kFragsN;
+  static constexpr int kExtraSharedFloats = 0;
+  static constexpr int kTilesAhead = 0;  // reads only the k-tile it multiplies
+  int warp_m0, warp_n0;  // the warp's block of the 128 x 128 tile
+
+  __device__ __forceinline__ WarpMma() {
+    const int warp = threadIdx.x / kWarp;
+    warp_m0 = (warp / kWarpsN) * kWarpTileM;
+    warp_n0 = (warp % kWarpsN) * kWarpTileN;
+  }
+
+  template <bool A_K_MAJOR, bool B_K_MAJOR>
+  __device__ __forceinline__ void multiply(const float* a_tile, const float* b_tile, const float*, bool, float*,
+                                           float (&acc)[kFragsM][kFragsN][4]) {
+    multiply_tile<A_K_MAJOR, B_K_MAJOR>(a_tile, b_tile, warp_m0, warp_n0, acc);
+  }
+};
+
+// The warpgroup-level multiply (wgmma, sm_90a: H100, H200): two warpgroups of
+// 64 x 128 each. Why: mma.sync kept the SM issuing the fragment loads and the
+// hi/lo splits of every warp beside its MMAs (about 40% of the TF32 peak on
+// a projection); wgmma reads B from shared memory on its own, so B is split
+// once per k-tile by the whole block, and each thread splits only its share
+// of A (16 elements per k-tile, in registers).
+//
+// B's split halves go to shared memory in wgmma's K-major layout without
+// swizzle: 8 x 16-byte "core matrices" (8 rows of N, 4 k each), the two of
+// an 8-wide k step 128 bytes apart (leading byte offset), consecutive groups
+// of 8 rows of N 256 bytes apart (stride byte offset), each k step 4 KiB.
+// A 16-byte chunk c of a split tile (4 k of one n) is at byte 16 c, so the
+// block's writes are contiguous.
+//
+// Overlap: while a k-tile's wgmmas run, the block splits the next k-tile's B
+// into the other of two buffers (so that copy must have landed: kTilesAhead),
+// and each thread splits A's k steps one at a time, each just before its
+// wgmmas, so the tensor cores start on the first step at once.
+//
+// Rounding: the tensor cores add into their accumulator rounding toward
+// zero, so a k-tile's 12 wgmmas (4 k steps x 3 products) go into a fresh
+// partial sum that is added to the accumulator with an ordinary fp32 add
+// (mma.sync's path does this per 8-wide step; a k-tile of 32 is the
+// coarsest grain that still waits on the tensor cores only once per tile).
+struct WarpgroupMma {
+  static constexpr int kFragsM = 1, kFragsN = kTileN / 8;
+  static constexpr int kSplitFloats = kTileN * kTileK;                  // one split half of B's tile
+  static constexpr int kExtraSharedFloats = 4 * kSplitFloats;           // two buffers of (hi, lo)
+  static constexpr int kTilesAhead = 1;                                 // splits the next k-tile's B
+  static constexpr uint32_t kCoreMatrixBytes = 128, kCoreRowsBytes = 256;  // leading, stride byte offsets
+  static constexpr int kStepBytes = kTileN * 8 * sizeof(float);         // one 8-wide k step of a split half
+  int warp_m0, warp_n0;
+  int buffer = 0;  // which split buffer holds the B of the k-tile being multiplied
+
+  __device__ __forceinline__ WarpgroupMma() {
+    const int warp = threadIdx.x / kWarp;
+    warp_m0 = (warp / 4) * 64 + (warp % 4) * 16;  // wgmma gives warp w of a warpgroup rows 16 w .. 16 w + 15
+    warp_n0 = 0;
+  }
+
+  // The shared-memory matrix descriptor of one k step of a split half (no swizzle).
+  static __device__ __forceinline__ uint64_t descriptor(const float* step) {
+    const uint64_t address = static_cast<uint32_t>(__cvta_generic_to_shared(step));
+    return ((address & 0x3ffff) >> 4) | (uint64_t{kCoreMatrixBytes >> 4} << 16) |
+           (uint64_t{kCoreRowsBytes >> 4} << 32);
+  }
+
+  // B's tile (as copied, either orientation) -> its hi and lo halves in wgmma's layout.
+  template <bool B_K_MAJOR>
+  static __device__ __forceinline__ void split_b(const float* b_tile, float* hi, float* lo) {
+#pragma unroll
+    for (int i = 0; i < kSplitFloats / 4 / kThreads; ++i) {
+      const int chunk = threadIdx.x + i * kThreads;
+      // chunk bits: 0-2 n within its group of 8, 3 the k half of the step, 4-7 the group of n, 8-9 the k step
+      const int n = ((chunk >> 4) & 15) * 8 + (chunk & 7);
+      const int k = (chunk >> 8) * 8 + ((chunk >> 3) & 1) * 4;
+      float value[4];
+      if constexpr (B_K_MAJOR) {
+        const float4 row = *reinterpret_cast<const float4*>(b_tile + n * kKMajorLd + k);
+        value[0] = row.x, value[1] = row.y, value[2] = row.z, value[3] = row.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) value[j] = b_tile[(k + j) * kMnMajorLd + n];
+      }
+      uint4 high, low;
+      split_tf32(value[0], high.x, low.x);
+      split_tf32(value[1], high.y, low.y);
+      split_tf32(value[2], high.z, low.z);
+      split_tf32(value[3], high.w, low.w);
+      reinterpret_cast<uint4*>(hi)[chunk] = high;
+      reinterpret_cast<uint4*>(lo)[chunk] = low;
+    }
+  }
+
+  // d (+)= a @ B's k step: one m64n128k8 wgmma, A from registers.
+  static __device__ __forceinline__ void wgmma(float (&d)[kFragsN * 4], const uint32_t (&a)[4], uint64_t b,
+                                               int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+      "{\n.reg .pred scale_d;\nsetp.ne.b32 scale_d, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, scale_d, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+#endif
+  }
+
+  // Keeps the compiler from moving reads or reuse of r across a wgmma wait:
+  // the tensor cores write (or read) r until then.
+  static __device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+  static __device__ __forceinline__ void pin(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+  // acc += this k-tile's product. b_next: the next k-tile's B as copied (null after the block's
+  // last k-tile); first: the block's first k-tile, whose B nobody has split yet.
+  template <bool A_K_MAJOR, bool B_K_MAJOR>
+  __device__ __forceinline__ void multiply(const float* a_tile, const float* b_tile, const float* b_next, bool first,
+                                           float* extra, float (&acc)[kFragsM][kFragsN][4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    float* const hi = extra + buffer * 2 * kSplitFloats;
+    float* const lo = hi + kSplitFloats;
+    if (first) {
+      split_b<B_K_MAJOR>(b_tile, hi, lo);
+      // written by ordinary stores, read by the tensor cores' (async) proxy
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+    }
+    const int lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    const int m = warp_m0 + g;
+    constexpr int kSteps = kTileK / 8;
+    uint32_t a_hi[kSteps][4], a_lo[kSteps][4];
+    float partial[kFragsN * 4];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      // A fragment (m64k8, per warp as mma.sync's m16k8): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+      const int k = step * 8 + t;
+      split_tf32(tile_at<A_K_MAJOR>(a_tile, m, k), a_hi[step][0], a_lo[step][0]);
+      split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, k), a_hi[step][1], a_lo[step][1]);
+      split_tf32(tile_at<A_K_MAJOR>(a_tile, m, k + 4), a_hi[step][2], a_lo[step][2]);
+      split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, k + 4), a_hi[step][3], a_lo[step][3]);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      const uint64_t b_hi = descriptor(hi + step * (kStepBytes / 4));
+      const uint64_t b_lo = descriptor(lo + step * (kStepBytes / 4));
+      wgmma(partial, a_lo[step], b_hi, step > 0);  // the small terms first, so they are not lost
+      wgmma(partial, a_hi[step], b_lo, 1);
+      wgmma(partial, a_hi[step], b_hi, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    buffer ^= 1;
+    if (b_next != nullptr) {  // the other buffer's last reader, the previous k-tile's wgmmas, has finished
+      float* const next_hi = extra + buffer * 2 * kSplitFloats;
+      split_b<B_K_MAJOR>(b_next, next_hi, next_hi + kSplitFloats);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the next k-tile's barrier publishes it
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pin(a_hi[step][r]), pin(a_lo[step][r]);
+#pragma unroll
+    for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pin(partial[4 * j + r]);
+        acc[0][j][r] += partial[4 * j + r];
+      }
+#else
+    __trap();  // launched only where the build has sm_90a code (wgmma_built)
+#endif
+  }
+};
+
 struct GemmArgs {
   ColumnSegments<const float*> a;  // A as stored: [M, K] when A_K_MAJOR, else [K, M]
   ColumnSegments<const float*> b;  // B as stored: [N, K] when B_K_MAJOR, else [K, N]
@@ -295,15 +479,16 @@ __device__ __forceinline__ WorkItem work_item(const GemmArgs& args, int64_t item
 // The warp's accumulators to C (+ bias), or to its split's partial tile.
 // Each thread's four column pairs (and their block of C and bias) are found
 // once, then written row by row.
+template <int FRAGS_M, int FRAGS_N>
 __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem& work, int warp_m0, int warp_n0,
-                                           const float (&acc)[kFragsM][kFragsN][4]) {
+                                           const float (&acc)[FRAGS_M][FRAGS_N][4]) {
   const int lane = threadIdx.x % kWarp;
   const int g = lane / 4, t = lane % 4;
-  float* column[kFragsN];  // the pair's address in row 0 (C fragment columns 2t, 2t + 1 of each n tile)
-  int64_t stride[kFragsN];
-  float2 bias[kFragsN];
+  float* column[FRAGS_N];  // the pair's address in row 0 (C fragment columns 2t, 2t + 1 of each n tile)
+  int64_t stride[FRAGS_N];
+  float2 bias[FRAGS_N];
 #pragma unroll
-  for (int j = 0; j < kFragsN; ++j) {
+  for (int j = 0; j < FRAGS_N; ++j) {
     const int64_t col = work.n0 + warp_n0 + j * 8 + 2 * t;
     bias[j] = make_float2(0.f, 0.f);
     if (args.partial != nullptr) {
@@ -317,14 +502,14 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
     }
   }
 #pragma unroll
-  for (int i = 0; i < kFragsM; ++i)
+  for (int i = 0; i < FRAGS_M; ++i)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       // C fragment rows: g, then g + 8.
       const int64_t row = work.m0 + warp_m0 + i * 16 + g + half * 8;
       if (row >= args.m) continue;
 #pragma unroll
-      for (int j = 0; j < kFragsN; ++j) {
+      for (int j = 0; j < FRAGS_N; ++j) {
         if (work.n0 + warp_n0 + j * 8 + 2 * t >= args.n) continue;  // n is even: both columns or neither
         *reinterpret_cast<float2*>(column[j] + row * stride[j]) =
             make_float2(acc[i][j][2 * half] + bias[j].x, acc[i][j][2 * half + 1] + bias[j].y);
@@ -338,11 +523,11 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
 // results are stored: a projection has K = 128, only four k-tiles per item.
 // With several K ranges each item writes its partial tile to `partial`,
 // summed in order by reduce_splits_kernel: deterministic, no atomics.
-template <bool A_K_MAJOR, bool B_K_MAJOR>
+template <bool A_K_MAJOR, bool B_K_MAJOR, typename Mma>
 __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const GemmArgs args, int64_t items) {
   extern __shared__ __align__(16) float shared[];
-  const int warp = threadIdx.x / kWarp;
-  const int warp_m0 = (warp / kWarpsN) * kWarpTileM, warp_n0 = (warp % kWarpsN) * kWarpTileN;
+  Mma mma;
+  float* const mma_shared = shared + kStages * kStageFloats;  // the multiply's own room (Mma::kExtraSharedFloats)
 
   // The copy cursor runs kStages - 1 k-tiles ahead of the multiply.
   int64_t load_item = blockIdx.x, load_k_tile = 0;
@@ -374,20 +559,26 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const Gemm
   for (int stage = 0; stage < kStages - 1; ++stage) copy_next();
 
   int compute_stage = 0;
+  bool first_tile = true;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const WorkItem work = work_item(args, item);
     // Row sums (bias gradients) need A's tile MN-major: thread m sums column m of each tile.
     const bool sums_rows = !A_K_MAJOR && args.row_sums != nullptr && work.n0 == 0 && threadIdx.x < kTileM;
-    float acc[kFragsM][kFragsN][4] = {};
+    float acc[Mma::kFragsM][Mma::kFragsN][4] = {};
     float row_sum = 0.f;
     for (int64_t k_tile = 0; k_tile < work.k_tiles; ++k_tile) {
-      cp_async_wait<kStages - 2>();
-      // Everyone's copies of this k-tile have landed, and everyone is done
-      // with the stage the next copy overwrites (multiplied in the last step).
+      cp_async_wait<kStages - 2 - Mma::kTilesAhead>();
+      // Everyone's copies of this k-tile (and of the next kTilesAhead) have
+      // landed, and everyone is done with the stage the next copy overwrites
+      // (multiplied in the last step).
       __syncthreads();
       copy_next();
       const float* a_tile = shared + compute_stage * kStageFloats;
-      multiply_tile<A_K_MAJOR, B_K_MAJOR>(a_tile, a_tile + kOperandFloats, warp_m0, warp_n0, acc);
+      const bool has_next = k_tile + 1 < work.k_tiles || item + gridDim.x < items;
+      const float* b_next = has_next ? shared + (compute_stage + 1) % kStages * kStageFloats + kOperandFloats : nullptr;
+      mma.template multiply<A_K_MAJOR, B_K_MAJOR>(a_tile, a_tile + kOperandFloats, b_next, first_tile, mma_shared,
+                                                  acc);
+      first_tile = false;
       if (sums_rows) {
 #pragma unroll 8
         for (int k = 0; k < kTileK; ++k) row_sum += a_tile[k * kMnMajorLd + threadIdx.x];
@@ -398,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const Gemm
       const int64_t split_offset = args.partial != nullptr ? work.split * args.m : 0;
       args.row_sums[split_offset + work.m0 + threadIdx.x] = row_sum;
     }
-    store_tile(args, work, warp_m0, warp_n0, acc);
+    store_tile(args, work, mma.warp_m0, mma.warp_n0, acc);
   }
   cp_async_wait<0>();
 }
@@ -455,13 +646,52 @@ ColumnSegments<P> column_segments(at::TensorList blocks, const char* name, const
   return matrix;
 }
 
-template <bool A_K_MAJOR, bool B_K_MAJOR>
+// Writes 1 where the code the GPU runs was built for sm_90a (wgmma), else 0.
+__global__ void wgmma_probe_kernel(int* built) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *built = 1;
+#else
+  *built = 0;
+#endif
+}
+
+// Whether the current device runs this build's wgmma multiply: asked of the
+// device once per process and device (the arch list may hold sm_90 without
+// sm_90a, e.g. TORCH_CUDA_ARCH_LIST=9.0). GNNIO_SPLIT_TF32_WGMMA=0 keeps the
+// mma.sync multiply (to compare the two).
+bool wgmma_built(int device) {
+  static std::mutex mutex;
+  static std::vector<int> built;  // per device: -1 unknown, 0, 1
+  const char* choice = std::getenv("GNNIO_SPLIT_TF32_WGMMA");
+  if (choice != nullptr && std::string(choice) == "0") return false;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (built.size() <= static_cast<size_t>(device)) built.resize(device + 1, -1);
+  if (built[device] < 0) {
+    const at::Tensor flag = at::empty({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
+    wgmma_probe_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(flag.data_ptr<int>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    built[device] = flag.item<int>();
+  }
+  return built[device] == 1;
+}
+
+template <bool A_K_MAJOR, bool B_K_MAJOR, typename Mma>
 void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, cudaStream_t stream) {
+  const auto kernel = gemm_split_tf32_kernel<A_K_MAJOR, B_K_MAJOR, Mma>;
+  constexpr int shared_bytes = sizeof(float) * (kStages * kStageFloats + Mma::kExtraSharedFloats);
   // Above 48 KiB of dynamic shared memory a kernel must opt in (on each device it runs on).
-  C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_split_tf32_kernel<A_K_MAJOR, B_K_MAJOR>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
-  gemm_split_tf32_kernel<A_K_MAJOR, B_K_MAJOR><<<blocks, kThreads, kSharedBytes, stream>>>(args, items);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  kernel<<<blocks, kThreads, shared_bytes, stream>>>(args, items);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <bool A_K_MAJOR, bool B_K_MAJOR>
+void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, bool wgmma, cudaStream_t stream) {
+  if (wgmma) {
+    launch_gemm<A_K_MAJOR, B_K_MAJOR, WarpgroupMma>(args, items, blocks, stream);
+  } else {
+    launch_gemm<A_K_MAJOR, B_K_MAJOR, WarpMma>(args, items, blocks, stream);
+  }
 }
 
 // See the schema below.
@@ -530,15 +760,16 @@ std::vector<at::Tensor> matmul_split_tf32(at::TensorList a, bool a_transposed, a
   const int64_t items = tiles * splits;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(items, properties->multiProcessorCount));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool wgmma = properties->major == 9 && properties->minor == 0 && wgmma_built(device.index());
   // Operand orientations: A stored [M, K] unless transposed; B stored [K, N] unless transposed.
   if (!a_transposed && b_transposed)
-    launch_gemm<true, true>(args, items, blocks, stream);
+    launch_gemm<true, true>(args, items, blocks, wgmma, stream);
   else if (!a_transposed)
-    launch_gemm<true, false>(args, items, blocks, stream);
+    launch_gemm<true, false>(args, items, blocks, wgmma, stream);
   else if (b_transposed)
-    launch_gemm<false, true>(args, items, blocks, stream);
+    launch_gemm<false, true>(args, items, blocks, wgmma, stream);
   else
-    launch_gemm<false, false>(args, items, blocks, stream);
+    launch_gemm<false, false>(args, items, blocks, wgmma, stream);
 
   if (splits > 1) {
     const int64_t total = args.m * args.n + (row_sums ? args.m : 0);

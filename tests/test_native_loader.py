@@ -89,6 +89,15 @@ def test_arch_list_follows_the_environment(monkeypatch):
     assert native.arch_list() == "8.0;9.0"
 
 
+@pytest.mark.parametrize("capability,expected", [((9, 0), "9.0a"), ((8, 0), "8.0"), ((10, 0), "10.0")])
+def test_arch_list_defaults_to_the_visible_gpu(monkeypatch, capability, expected):
+    """Hopper (9.0) builds for sm_90a, whose wgmma the projections use; other GPUs for their own capability."""
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(native.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(native.torch.cuda, "get_device_capability", lambda *args: capability)
+    assert native.arch_list() == expected
+
+
 def test_build_key_changes_with_the_arch_list():
     assert native._build_key("9.0", [], []) != native._build_key("8.0", [], [])
     assert native._build_key("9.0", [], []) == native._build_key("9.0", [], [])

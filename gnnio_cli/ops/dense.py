@@ -6,10 +6,12 @@ Every layer's Linear maps go through here (``nn.linear``). Two implementations:
   default). Every dtype and device.
 - split TF32 (native/dense.cu): fp32 CUDA tensors on compute capability
   8.0+. Each fp32 operand is split into two TF32 parts and every product is
-  taken as three TF32 tensor-core products, each 8-wide step's sum added to
-  the accumulator in fp32 with round-to-nearest. That keeps fp32's accuracy:
-  on rmat20's projections its error against fp64 is half cuBLAS SGEMM's,
-  and the tests hold it to a small multiple of SGEMM's everywhere. All
+  taken as three TF32 tensor-core products, whose partial sums (per 8-wide k
+  step with mma.sync, per 32-wide k-tile with the warpgroup MMAs that
+  H100/H200 builds use) are added to the accumulator in fp32 with
+  round-to-nearest. That keeps fp32's accuracy: on rmat20's projections its
+  error against fp64 is 0.5x (mma.sync) to 0.8x (wgmma) cuBLAS SGEMM's, and
+  the tests hold it to a small multiple of SGEMM's everywhere. All
   projections of one x are one product: the forward writes each output to a
   tensor of its own, the input gradient reads every output gradient as one
   operand, and the weight gradients come out as one [sum of widths, F]
@@ -23,13 +25,16 @@ Every layer's Linear maps go through here (``nn.linear``). Two implementations:
 
 - ``auto`` (the default): the kernel where it can take the product and the
   product uses at least 90% of the work of its whole 128 x 128 x 32 tiles,
-  else torch's GEMMs. On rmat20 (H100) the kernel takes 3.45 / 2.91 / 2.66 ms
-  for the forward, input-gradient and weight-gradient products of four
-  projections (all tiles full), where cuBLAS takes 3.41 / 4.04 / 3.55; for
-  GATConv's, 136 wide where tiles hold 128 (h and the score terms), it is
-  not faster: 1.77 against 1.52 ms for the forward (53% of the work used),
-  1.06 against 1.06 for x's gradient (85%), 1.29 against 1.05 for the
-  weight gradients (53%) (docs/BENCHMARKS.md, runs 87 and 89).
+  else torch's GEMMs. On rmat20 (H100, wgmma) the kernel takes 3.10 / 2.22 /
+  1.84 ms for the forward, input-gradient and weight-gradient products of
+  four projections (all tiles full), where cuBLAS takes 3.43 / 4.01 / 3.66
+  (mma.sync: 3.47 / 2.88 / 2.64); for GATConv's, 136 wide where tiles hold
+  128 (h and the score terms), the mma.sync kernel was not faster: 1.77
+  against 1.52 ms for the forward (53% of the work used), 1.06 against 1.06
+  for x's gradient (85%), 1.29 against 1.05 for the weight gradients (53%)
+  (docs/BENCHMARKS.md, runs 87, 89 and 97).
+  ``GNNIO_SPLIT_TF32_WGMMA=0`` keeps the kernel on mma.sync on H100/H200 (to
+  compare the two).
 - ``split-tf32``: the kernel wherever it can take the product.
 - ``cublas``: torch's GEMMs always (bit for bit what F.linear gives).
 
