@@ -12,8 +12,8 @@
 // k-tile's sum (wgmma on sm_90a, WarpgroupMma) added to an fp32 accumulator
 // with round-to-nearest. The result carries about 21-22 significant bits per
 // product, against fp32 SGEMM's rounding of its running sums: on rmat20's
-// projections 0.5x (mma.sync) to 0.8x (wgmma) SGEMM's error against fp64, and the tests hold it to a
-// small multiple of torch's fp32 error everywhere.
+// projections 0.5x (mma.sync) to 0.8x (wgmma) SGEMM's error against fp64,
+// and the tests hold it to a small multiple of torch's fp32 error everywhere.
 // Inputs near fp32's largest value (above about 3.4e38 * (1 - 2^-12)) or
 // infinite give NaN where SGEMM gives inf; such inputs overflow any
 // projection anyway.
