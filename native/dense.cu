@@ -33,8 +33,9 @@ namespace gnnio {
 namespace {
 
 constexpr int kTileM = 128, kTileN = 128, kTileK = 32;
-// Four stages of 36 KiB: one block per SM, whose eight warps keep three tiles
-// in flight while they multiply the fourth.
+// Four stages of 36 KiB (and, on wgmma, 64 KiB of split B): one block per
+// SM, whose eight warps keep three tiles in flight while they multiply the
+// fourth.
 constexpr int kStages = 4;
 constexpr int kThreads = 256;
 constexpr int kWarpsM = 2, kWarpsN = 4;
