@@ -1683,7 +1683,7 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
 // them: chunks of VEC elements, `lanes` lanes per row, 32 / lanes rows per
 // load round, kDotRowsPerWarp rounds per warp and group of rows (one element
 // per lane read 1 GiB in 0.56 ms on rmat20's 4 x 32 rows, 16-byte chunks
-// 0.43 ms). Each lane sums its channels per row position r of the group in
+// 0.48 ms; H100, runs 93 and 95). Each lane sums its channels per row position r of the group in
 // registers and writes them once, as partial row
 // warp * group_rows + (its row in the group); the host launches a multiple
 // of heads / gcd(heads, group_rows) warps that loop over the groups, so all
@@ -2294,27 +2294,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 // Blocks of the node-level Cosine kernels: one warp per (node, head) row.
 unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
-// Whether every [.., C] row of a (and of b and offset, where given) can be read in 16-byte chunks.
+// Elements per read of the row-dots kernels: a 16-byte chunk where every [.., C] row of a (and of b
+// and offset, where given) allows it, else one.
 template <typename scalar_t>
-bool whole_chunk_rows(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset) {
+int row_chunk(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset) {
   constexpr int kVec = vec_width<scalar_t>();
   const int64_t channels = a.size(2);
-  return rows_vectorisable(a, channels, kVec) && (b == nullptr || rows_vectorisable(*b, channels, kVec)) &&
-         (!offset.has_value() || rows_vectorisable(*offset, channels, kVec));
+  const bool whole_chunks = rows_vectorisable(a, channels, kVec) &&
+                            (b == nullptr || rows_vectorisable(*b, channels, kVec)) &&
+                            (!offset.has_value() || rows_vectorisable(*offset, channels, kVec));
+  return whole_chunks ? kVec : 1;
 }
 
 // Launches row_dots_kernel in 16-byte chunks where every row allows, else one element at a time.
 template <bool NORMS, typename scalar_t>
 void launch_row_dots(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset,
                      const float* lse, float* dots, cudaStream_t stream) {
-  constexpr int kVec = vec_width<scalar_t>();
   const int64_t heads = a.size(1), channels = a.size(2), rows = a.size(0) * heads;
-  const bool whole_chunks = whole_chunk_rows<scalar_t>(a, b, offset);
-  const int vec = whole_chunks ? kVec : 1;
+  const int vec = row_chunk<scalar_t>(a, b, offset);
   const int lanes = lanes_per_edge(channels / vec);
   const int64_t rows_per_warp = int64_t{kDotRowsPerWarp} * (kWarp / lanes);
   const int64_t warps = (rows + rows_per_warp - 1) / rows_per_warp;
-  const auto kernel = whole_chunks ? row_dots_kernel<scalar_t, kVec, NORMS> : row_dots_kernel<scalar_t, 1, NORMS>;
+  constexpr int kVec = vec_width<scalar_t>();
+  const auto kernel = vec == kVec ? row_dots_kernel<scalar_t, kVec, NORMS> : row_dots_kernel<scalar_t, 1, NORMS>;
   kernel<<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
       a.data_ptr<scalar_t>(), b == nullptr ? nullptr : b->data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), lse,
       rows, static_cast<int>(heads), static_cast<int>(channels), lanes, dots);
@@ -2538,11 +2540,10 @@ std::tuple<at::Tensor, at::Tensor> attention_row_dots(const at::Tensor& a, const
       launch_row_dots<false, scalar_t>(a, &b, offset, lse_data, dots.data_ptr<float>(), stream);
       return;
     }
-    // 16-byte chunks where every row allows, else one element per lane
     constexpr int kVec = vec_width<scalar_t>();
-    const bool whole_chunks = whole_chunk_rows<scalar_t>(a, &b, offset);
-    const int lanes = lanes_per_edge(whole_chunks ? channels / kVec : channels);
-    const auto kernel = whole_chunks ? row_dots_columns_kernel<scalar_t, kVec> : row_dots_columns_kernel<scalar_t, 1>;
+    const int vec = row_chunk<scalar_t>(a, &b, offset);
+    const int lanes = lanes_per_edge(channels / vec);
+    const auto kernel = vec == kVec ? row_dots_columns_kernel<scalar_t, kVec> : row_dots_columns_kernel<scalar_t, 1>;
     // the resident warps loop over the groups of rows, a multiple of `step` warps (see row_dots_columns_kernel)
     const int64_t group_rows = int64_t{kDotRowsPerWarp} * (kWarp / lanes);
     const int64_t groups = (rows + group_rows - 1) / group_rows;

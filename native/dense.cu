@@ -316,7 +316,7 @@ struct WarpgroupMma {
   static constexpr int kExtraSharedFloats = 4 * kSplitFloats;           // two buffers of (hi, lo)
   static constexpr int kTilesAhead = 1;                                 // splits the next k-tile's B
   static constexpr uint32_t kCoreMatrixBytes = 128, kCoreRowsBytes = 256;  // leading, stride byte offsets
-  static constexpr int kStepBytes = kTileN * 8 * sizeof(float);         // one 8-wide k step of a split half
+  static constexpr int kStepFloats = kTileN * 8;                        // one 8-wide k step of a split half
   int warp_m0, warp_n0;
   int buffer = 0;  // which split buffer holds the B of the k-tile being multiplied
 
@@ -360,6 +360,15 @@ struct WarpgroupMma {
     }
   }
 
+  // B's tile -> split buffer `which` (hi, then lo), fenced for the tensor cores, which read it
+  // through the async proxy; the next block-wide barrier publishes it.
+  template <bool B_K_MAJOR>
+  static __device__ __forceinline__ void split_b_into(int which, const float* b_tile, float* extra) {
+    float* const hi = extra + which * 2 * kSplitFloats;
+    split_b<B_K_MAJOR>(b_tile, hi, hi + kSplitFloats);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+
   // d (+)= a @ B's k step: one m64n128k8 wgmma, A from registers.
   static __device__ __forceinline__ void wgmma(float (&d)[kFragsN * 4], const uint32_t (&a)[4], uint64_t b,
                                                int accumulate) {
@@ -391,14 +400,12 @@ struct WarpgroupMma {
   __device__ __forceinline__ void multiply(const float* a_tile, const float* b_tile, const float* b_next, bool first,
                                            float* extra, float (&acc)[kFragsM][kFragsN][4]) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    float* const hi = extra + buffer * 2 * kSplitFloats;
-    float* const lo = hi + kSplitFloats;
     if (first) {
-      split_b<B_K_MAJOR>(b_tile, hi, lo);
-      // written by ordinary stores, read by the tensor cores' (async) proxy
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      split_b_into<B_K_MAJOR>(buffer, b_tile, extra);
       __syncthreads();
     }
+    const float* const hi = extra + buffer * 2 * kSplitFloats;
+    const float* const lo = hi + kSplitFloats;
     const int lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;
     const int m = warp_m0 + g;
@@ -414,19 +421,16 @@ struct WarpgroupMma {
       split_tf32(tile_at<A_K_MAJOR>(a_tile, m, k + 4), a_hi[step][2], a_lo[step][2]);
       split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, k + 4), a_hi[step][3], a_lo[step][3]);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-      const uint64_t b_hi = descriptor(hi + step * (kStepBytes / 4));
-      const uint64_t b_lo = descriptor(lo + step * (kStepBytes / 4));
+      const uint64_t b_hi = descriptor(hi + step * kStepFloats);
+      const uint64_t b_lo = descriptor(lo + step * kStepFloats);
       wgmma(partial, a_lo[step], b_hi, step > 0);  // the small terms first, so they are not lost
       wgmma(partial, a_hi[step], b_lo, 1);
       wgmma(partial, a_hi[step], b_hi, 1);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     buffer ^= 1;
-    if (b_next != nullptr) {  // the other buffer's last reader, the previous k-tile's wgmmas, has finished
-      float* const next_hi = extra + buffer * 2 * kSplitFloats;
-      split_b<B_K_MAJOR>(b_next, next_hi, next_hi + kSplitFloats);
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the next k-tile's barrier publishes it
-    }
+    // the other buffer's last reader, the previous k-tile's wgmmas, has finished
+    if (b_next != nullptr) split_b_into<B_K_MAJOR>(buffer, b_next, extra);
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
     for (int step = 0; step < kSteps; ++step)
@@ -761,7 +765,7 @@ std::vector<at::Tensor> matmul_split_tf32(at::TensorList a, bool a_transposed, a
   const int64_t items = tiles * splits;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(items, properties->multiProcessorCount));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool wgmma = properties->major == 9 && properties->minor == 0 && wgmma_built(device.index());
+  const bool wgmma = wgmma_built(device.index());
   // Operand orientations: A stored [M, K] unless transposed; B stored [K, N] unless transposed.
   if (!a_transposed && b_transposed)
     launch_gemm<true, true>(args, items, blocks, wgmma, stream);
