@@ -25,6 +25,7 @@
 // gradient reads four gradients as one K = 512 operand).
 #include "common.cuh"
 
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
@@ -33,10 +34,10 @@ namespace gnnio {
 namespace {
 
 constexpr int kTileM = 128, kTileN = 128, kTileK = 32;
-// Four stages of 36 KiB (and, on wgmma, 64 KiB of split B): one block per
-// SM, whose eight warps keep three tiles in flight while they multiply the
-// fourth.
-constexpr int kStages = 4;
+// Each multiply policy keeps kStages stages: four of 36 KiB (and, on wgmma
+// without presplit B, 64 KiB of split B), or three of 50 KiB and the 68 KiB
+// output tile (presplit B): one block per SM, whose eight warps keep the
+// other stages' copies in flight while they multiply one.
 constexpr int kThreads = 256;
 constexpr int kWarpsM = 2, kWarpsN = 4;
 constexpr int kWarpTileM = kTileM / kWarpsM;  // 64
@@ -55,7 +56,20 @@ constexpr int kKMajorLd = kTileK + 4;
 constexpr int kMnMajorLd = kTileM + 8;
 constexpr int kOperandFloats = kTileM * kKMajorLd;
 static_assert(kTileK * kMnMajorLd <= kOperandFloats, "an MN-major tile must fit the K-major tile's room");
-constexpr int kStageFloats = 2 * kOperandFloats;
+
+// The wgmma multiply's B: a k-tile of B split into TF32 halves, each
+// [4 k steps][16 groups of 8 n][2 k halves][8 n][4 k] floats (see WarpgroupMma).
+constexpr int kSplitFloats = kTileN * kTileK;  // one split half of B's tile
+constexpr int kSplitChunks = kSplitFloats / kChunk;
+// Rows of an output tile staged in shared memory: 128 floats and a pad that
+// puts a warp's float2 writes (8 rows x 4 threads) on all 32 banks twice.
+constexpr int kStoreLd = kTileN + 8;
+
+// Where 16-byte chunk c (4 k of one n) of a split half holds B's tile: bits
+// 0-2 of c are n within its group of 8, bit 3 the k half of the step, bits
+// 4-7 the group of n, bits 8-9 the k step.
+__device__ __forceinline__ int split_chunk_n(int chunk) { return ((chunk >> 4) & 15) * 8 + (chunk & 7); }
+__device__ __forceinline__ int split_chunk_k(int chunk) { return (chunk >> 8) * 8 + ((chunk >> 3) & 1) * 4; }
 
 // A [rows, cols] matrix made of up to four row-major blocks side by side:
 // block s holds columns [start[s], start[s + 1]) with row stride
@@ -78,6 +92,7 @@ struct ColumnSegments {
   // the kernel's parameters by a register compiles to slow indexed constant loads.
   __device__ __forceinline__ Segment segment_of(int64_t col) const {
     Segment segment{ptr[0], 0, start[1]};
+    if (count == 1) return segment;  // most operands: a uniform branch instead of the selects below
 #pragma unroll
     for (int j = 1; j < kMaxSegments; ++j)
       if (j < count && col >= start[j]) segment = Segment{ptr[j], start[j], start[j + 1] - start[j]};
@@ -103,91 +118,113 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
+// Makes this thread's writes to shared memory (stores, landed cp.async
+// copies) visible to the async proxy, through which wgmma and the bulk
+// copies read shared memory (sm_90a code only).
+__device__ __forceinline__ void fence_async_proxy() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // Copies one operand's tiles into shared memory, 16 bytes per cp.async,
 // zeros outside the matrix. Column widths are multiples of 4 (checked on the
 // host), so a chunk never straddles a block of the segments or the last
-// column. Each thread copies the same CHUNKS chunks of every tile; what only
-// depends on the tile of C (the rows or columns along M or N) is worked out
-// once per work item in begin_item, so a k-tile costs a few instructions per
-// chunk.
-//
-// K-major tiles ([128][32], the operand stored [M or N, K]): rows fixed per
-// item, columns (k) move; a k-tile inside one block (all of them where the
-// blocks are 32-multiples wide) takes the fast path.
-// Where chunk i of this thread goes in a tile whose rows hold CHUNKS_PER_ROW
-// 16-byte chunks: row, and column in floats.
-template <int CHUNKS_PER_ROW>
-__device__ __forceinline__ int chunk_row(int i) {
-  return (threadIdx.x + i * kThreads) / CHUNKS_PER_ROW;
-}
-template <int CHUNKS_PER_ROW>
-__device__ __forceinline__ int chunk_col(int i) {
-  return (threadIdx.x + i * kThreads) % CHUNKS_PER_ROW * kChunk;
-}
+// column. Each thread copies CHUNKS chunks of every tile, all in one column
+// of the tile and kThreads / CHUNKS_PER_ROW rows apart. What only depends on
+// the tile of C is worked out once per work item in begin_item, and a k-tile
+// inside one block (all of them where the blocks are 32-multiples wide) costs
+// one address and a few instructions per chunk: the copies are issued by the
+// same warps that multiply, so every instruction here is one the tensor cores
+// may wait for.
+// THREADS threads copy the tile (the block, or one warpgroup of it).
+template <int CHUNKS_PER_ROW, int THREADS = kThreads>
+struct ChunkPlace {
+  static constexpr int kRowsApart = THREADS / CHUNKS_PER_ROW;  // between a thread's chunks
+  static __device__ __forceinline__ int thread() { return threadIdx.x % THREADS; }
+  static __device__ __forceinline__ int row() { return thread() / CHUNKS_PER_ROW; }  // of chunk 0
+  static __device__ __forceinline__ int col() { return thread() % CHUNKS_PER_ROW * kChunk; }
+};
 
+// K-major tiles ([ROWS][32], the operand stored [M or N, K]): rows fixed per
+// item, columns (k) move.
+template <int ROWS = kTileM, int THREADS = kThreads>
 struct KMajorCopier {
   static constexpr int kChunksPerRow = kTileK / kChunk;
-  static constexpr int kChunks = kTileM * kChunksPerRow / kThreads;
-  int64_t row[kChunks];
+  static constexpr int kChunks = ROWS * kChunksPerRow / THREADS;
+  using Place = ChunkPlace<kChunksPerRow, THREADS>;
+  int64_t first_row;  // of this thread's chunk 0
+  uint32_t inside;    // bit i: chunk i's row is inside the matrix
 
-  __device__ __forceinline__ void begin_item(const ColumnSegments<const float*>&, int64_t mn0) {
+  __device__ __forceinline__ void begin_item(const ColumnSegments<const float*>& matrix, int64_t mn0) {
+    first_row = mn0 + Place::row();
+    inside = 0;
 #pragma unroll
-    for (int i = 0; i < kChunks; ++i) row[i] = mn0 + chunk_row<kChunksPerRow>(i);
+    for (int i = 0; i < kChunks; ++i) inside |= uint32_t{first_row + i * Place::kRowsApart < matrix.rows} << i;
   }
 
   __device__ __forceinline__ void copy(const ColumnSegments<const float*>& matrix, int64_t k0, float* smem) const {
     const auto segment = matrix.segment_of(k0);
-    const bool one_block = k0 + kTileK <= segment.begin + segment.width;
+    const int64_t col = k0 + Place::col();
+    float* const to = smem + Place::row() * kKMajorLd + Place::col();
+    if (k0 + kTileK <= segment.begin + segment.width) {  // the whole k-tile inside one block
+      const float* from = segment.ptr + first_row * segment.width + (col - segment.begin);
+      const int64_t step = Place::kRowsApart * segment.width;
 #pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int r = chunk_row<kChunksPerRow>(i), c = chunk_col<kChunksPerRow>(i);
-      const int64_t col = k0 + c;
-      const float* source = matrix.ptr[0];
-      bool inside;
-      if (one_block) {  // the whole k-tile inside one block: no lookup, no column bound
-        inside = row[i] < matrix.rows;
-        if (inside) source = segment.ptr + row[i] * segment.width + (col - segment.begin);
-      } else {
-        inside = row[i] < matrix.rows && col < matrix.cols();
-        if (inside) source = matrix.at(row[i], col);
+      for (int i = 0; i < kChunks; ++i) {
+        const bool in = (inside >> i) & 1;
+        cp_async_16(to + i * Place::kRowsApart * kKMajorLd, in ? from : matrix.ptr[0], in);
+        from += step;
       }
-      cp_async_16(smem + r * kKMajorLd + c, source, inside);
+    } else {
+      const bool col_in = col < matrix.cols();
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        const bool in = ((inside >> i) & 1) && col_in;
+        cp_async_16(to + i * Place::kRowsApart * kKMajorLd,
+                    in ? matrix.at(first_row + i * Place::kRowsApart, col) : matrix.ptr[0], in);
+      }
     }
   }
 };
 
-// MN-major tiles ([32][128], the operand stored [K, M or N]): columns fixed
-// per item (each chunk's block, and its address in row 0, found once), rows
-// (k) move.
+// MN-major tiles ([32][128], the operand stored [K, M or N]): the thread's
+// column fixed per item (its block, and its address in row 0, found once),
+// rows (k) move.
 struct MnMajorCopier {
   static constexpr int kChunksPerRow = kTileM / kChunk;
   static constexpr int kChunks = kTileK * kChunksPerRow / kThreads;
-  const float* column[kChunks];  // the chunk's address in row 0, or null outside the matrix
-  int64_t width[kChunks];        // the row stride of the chunk's block
+  using Place = ChunkPlace<kChunksPerRow>;
+  // The thread's column in row 0, and whether it is inside the matrix (else
+  // column is the matrix's first element, never read: no pointer arithmetic
+  // on null, from which the compiler could conclude the column is inside).
+  const float* column;
+  bool column_inside;
+  int64_t width;  // the row stride of its block
 
   __device__ __forceinline__ void begin_item(const ColumnSegments<const float*>& matrix, int64_t mn0) {
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int64_t col = mn0 + chunk_col<kChunksPerRow>(i);
-      const auto segment = matrix.segment_of(col);
-      column[i] = col < matrix.cols() ? segment.ptr + (col - segment.begin) : nullptr;
-      width[i] = segment.width;
-    }
+    const int64_t col = mn0 + Place::col();
+    const auto segment = matrix.segment_of(col);
+    column_inside = col < matrix.cols();
+    column = column_inside ? segment.ptr + (col - segment.begin) : matrix.ptr[0];
+    width = segment.width;
   }
 
   __device__ __forceinline__ void copy(const ColumnSegments<const float*>& matrix, int64_t k0, float* smem) const {
+    const int64_t row = k0 + Place::row();
+    const float* from = column + row * width;
+    float* const to = smem + Place::row() * kMnMajorLd + Place::col();
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
-      const int r = chunk_row<kChunksPerRow>(i), c = chunk_col<kChunksPerRow>(i);
-      const int64_t row = k0 + r;
-      const bool inside = column[i] != nullptr && row < matrix.rows;
-      cp_async_16(smem + r * kMnMajorLd + c, inside ? column[i] + row * width[i] : matrix.ptr[0], inside);
+      const bool in = column_inside && row + i * Place::kRowsApart < matrix.rows;
+      cp_async_16(to + i * Place::kRowsApart * kMnMajorLd, in ? from : matrix.ptr[0], in);
+      from += Place::kRowsApart * width;
     }
   }
 };
 
 template <bool K_MAJOR>
-using TileCopier = std::conditional_t<K_MAJOR, KMajorCopier, MnMajorCopier>;
+using TileCopier = std::conditional_t<K_MAJOR, KMajorCopier<>, MnMajorCopier>;
 
 template <bool K_MAJOR>
 __device__ __forceinline__ float tile_at(const float* smem, int mn, int k) {
@@ -269,8 +306,12 @@ __device__ __forceinline__ void multiply_tile(const float* a_tile, const float* 
 // each, see multiply_tile.
 struct WarpMma {
   static constexpr int kFragsM = ::gnnio::kFragsM, kFragsN = ::gnnio::kFragsN;
+  static constexpr int kBRoomFloats = kOperandFloats;  // a stage's room for B: its tile as stored
+  static constexpr int kStages = 4;
+  static constexpr bool kStagedStore = false;
   static constexpr int kExtraSharedFloats = 0;
   static constexpr int kTilesAhead = 0;  // reads only the k-tile it multiplies
+  static constexpr bool kPresplitB = false;
   int warp_m0, warp_n0;  // the warp's block of the 128 x 128 tile
 
   __device__ __forceinline__ WarpMma() {
@@ -279,9 +320,10 @@ struct WarpMma {
     warp_n0 = (warp % kWarpsN) * kWarpTileN;
   }
 
-  template <bool A_K_MAJOR, bool B_K_MAJOR>
+  template <bool A_K_MAJOR, bool B_K_MAJOR, typename CopyNext>
   __device__ __forceinline__ void multiply(const float* a_tile, const float* b_tile, const float*, bool, float*,
-                                           float (&acc)[kFragsM][kFragsN][4]) {
+                                           float (&acc)[kFragsM][kFragsN][4], CopyNext&& copy_next) {
+    copy_next();
     multiply_tile<A_K_MAJOR, B_K_MAJOR>(a_tile, b_tile, warp_m0, warp_n0, acc);
   }
 };
@@ -300,21 +342,33 @@ struct WarpMma {
 // A 16-byte chunk c of a split tile (4 k of one n) is at byte 16 c, so the
 // block's writes are contiguous.
 //
-// Overlap: while a k-tile's wgmmas run, the block splits the next k-tile's B
-// into the other of two buffers (so that copy must have landed: kTilesAhead),
-// and each thread splits A's k steps one at a time, each just before its
-// wgmmas, so the tensor cores start on the first step at once.
+// PRESPLIT_B: B (a layer's weights, small beside A) was split once before
+// the product, into this layout (presplit_b_kernel), and its tiles are copied
+// into the stages as they are: no split in the loop. Else B's tile is
+// copied as stored and split by the block.
+//
+// Overlap: each thread splits A's k steps one at a time, each just before its
+// wgmmas, so the tensor cores start on the first step at once; while a
+// k-tile's wgmmas run, the threads issue the copies of a later k-tile and
+// (without PRESPLIT_B) split the next k-tile's B into the other of two
+// buffers (so that copy must have landed: kTilesAhead).
 //
 // Rounding: the tensor cores add into their accumulator rounding toward
 // zero, so a k-tile's 12 wgmmas (4 k steps x 3 products) go into a fresh
 // partial sum that is added to the accumulator with an ordinary fp32 add
 // (mma.sync's path does this per 8-wide step; a k-tile of 32 is the
 // coarsest grain that still waits on the tensor cores only once per tile).
+template <bool PRESPLIT_B>
 struct WarpgroupMma {
   static constexpr int kFragsM = 1, kFragsN = kTileN / 8;
-  static constexpr int kSplitFloats = kTileN * kTileK;                  // one split half of B's tile
-  static constexpr int kExtraSharedFloats = 4 * kSplitFloats;           // two buffers of (hi, lo)
-  static constexpr int kTilesAhead = 1;                                 // splits the next k-tile's B
+  static constexpr bool kPresplitB = PRESPLIT_B;
+  static constexpr int kBRoomFloats = PRESPLIT_B ? 2 * kSplitFloats : kOperandFloats;  // split (hi, lo), or as stored
+  static constexpr int kStages = PRESPLIT_B ? 3 : 4;
+  // With presplit B the output tile goes out through shared memory (see stage_tile), the
+  // room that the split buffers take otherwise.
+  static constexpr bool kStagedStore = PRESPLIT_B;
+  static constexpr int kExtraSharedFloats = PRESPLIT_B ? kTileM * kStoreLd : 4 * kSplitFloats;
+  static constexpr int kTilesAhead = PRESPLIT_B ? 0 : 1;                            // splits the next k-tile's B
   static constexpr uint32_t kCoreMatrixBytes = 128, kCoreRowsBytes = 256;  // leading, stride byte offsets
   static constexpr int kStepFloats = kTileN * 8;                        // one 8-wide k step of a split half
   int warp_m0, warp_n0;
@@ -337,11 +391,9 @@ struct WarpgroupMma {
   template <bool B_K_MAJOR>
   static __device__ __forceinline__ void split_b(const float* b_tile, float* hi, float* lo) {
 #pragma unroll
-    for (int i = 0; i < kSplitFloats / 4 / kThreads; ++i) {
+    for (int i = 0; i < kSplitChunks / kThreads; ++i) {
       const int chunk = threadIdx.x + i * kThreads;
-      // chunk bits: 0-2 n within its group of 8, 3 the k half of the step, 4-7 the group of n, 8-9 the k step
-      const int n = ((chunk >> 4) & 15) * 8 + (chunk & 7);
-      const int k = (chunk >> 8) * 8 + ((chunk >> 3) & 1) * 4;
+      const int n = split_chunk_n(chunk), k = split_chunk_k(chunk);
       float value[4];
       if constexpr (B_K_MAJOR) {
         const float4 row = *reinterpret_cast<const float4*>(b_tile + n * kKMajorLd + k);
@@ -366,7 +418,7 @@ struct WarpgroupMma {
   static __device__ __forceinline__ void split_b_into(int which, const float* b_tile, float* extra) {
     float* const hi = extra + which * 2 * kSplitFloats;
     split_b<B_K_MAJOR>(b_tile, hi, hi + kSplitFloats);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_async_proxy();
   }
 
   // d (+)= a @ B's k step: one m64n128k8 wgmma, A from registers.
@@ -394,17 +446,21 @@ struct WarpgroupMma {
   static __device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
   static __device__ __forceinline__ void pin(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
-  // acc += this k-tile's product. b_next: the next k-tile's B as copied (null after the block's
-  // last k-tile); first: the block's first k-tile, whose B nobody has split yet.
-  template <bool A_K_MAJOR, bool B_K_MAJOR>
+  // acc += this k-tile's product; copy_next() issues a later k-tile's copies. b_tile: this
+  // k-tile's B as copied (split already with PRESPLIT_B); b_next: the next k-tile's (null after
+  // the block's last k-tile); first: the block's first k-tile, whose B nobody has split yet.
+  template <bool A_K_MAJOR, bool B_K_MAJOR, typename CopyNext>
   __device__ __forceinline__ void multiply(const float* a_tile, const float* b_tile, const float* b_next, bool first,
-                                           float* extra, float (&acc)[kFragsM][kFragsN][4]) {
+                                           float* extra, float (&acc)[kFragsM][kFragsN][4], CopyNext&& copy_next) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if (first) {
-      split_b_into<B_K_MAJOR>(buffer, b_tile, extra);
-      __syncthreads();
+    const float* hi = b_tile;
+    if constexpr (!PRESPLIT_B) {
+      if (first) {
+        split_b_into<B_K_MAJOR>(buffer, b_tile, extra);
+        __syncthreads();
+      }
+      hi = extra + buffer * 2 * kSplitFloats;
     }
-    const float* const hi = extra + buffer * 2 * kSplitFloats;
     const float* const lo = hi + kSplitFloats;
     const int lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;
@@ -428,9 +484,12 @@ struct WarpgroupMma {
       wgmma(partial, a_hi[step], b_hi, 1);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    buffer ^= 1;
-    // the other buffer's last reader, the previous k-tile's wgmmas, has finished
-    if (b_next != nullptr) split_b_into<B_K_MAJOR>(buffer, b_next, extra);
+    copy_next();
+    if constexpr (!PRESPLIT_B) {
+      buffer ^= 1;
+      // the other buffer's last reader, the previous k-tile's wgmmas, has finished
+      if (b_next != nullptr) split_b_into<B_K_MAJOR>(buffer, b_next, extra);
+    }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
     for (int step = 0; step < kSteps; ++step)
@@ -453,11 +512,31 @@ struct GemmArgs {
   ColumnSegments<const float*> a;  // A as stored: [M, K] when A_K_MAJOR, else [K, M]
   ColumnSegments<const float*> b;  // B as stored: [N, K] when B_K_MAJOR, else [K, N]
   ColumnSegments<float*> out;      // C [M, N] (with one split)
+  const float* b_split;            // B split by presplit_b_kernel (WarpgroupMma<true>), else null
   const float* bias;               // [N] or null (with one split)
   float* partial;                  // [splits, M, N] when split along K, else null
   float* row_sums;                 // sum over k of A[m, k]: [M] with one split, [splits, M] when split; or null
   int64_t m, n, k;
   int64_t k_tiles_per_split;
+};
+
+// A k-tile of presplit B (hi, then lo: 2 kSplitFloats, contiguous in
+// args.b_split) -> the stage's room for B, as it is.
+struct PresplitCopier {
+  static constexpr int kChunks = 2 * kSplitChunks / kThreads;
+  const float* item_tiles;  // this thread's first chunk in the item's n-tile's first k-tile
+
+  __device__ __forceinline__ void begin_item(const GemmArgs& args, int64_t n0) {
+    const int64_t k_tiles = (args.k + kTileK - 1) / kTileK;
+    item_tiles = args.b_split + (n0 / kTileN) * k_tiles * 2 * kSplitFloats + threadIdx.x * kChunk;
+  }
+
+  __device__ __forceinline__ void copy(int64_t k0, float* smem) const {
+    const float* const from = item_tiles + (k0 / kTileK) * 2 * kSplitFloats;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i)
+      cp_async_16(smem + threadIdx.x * kChunk + i * kThreads * kChunk, from + i * kThreads * kChunk, true);
+  }
 };
 
 // A block's share of the product: work items are (tile of C, range of K),
@@ -471,10 +550,21 @@ __device__ __forceinline__ WorkItem work_item(const GemmArgs& args, int64_t item
   const int64_t tiles_n = (args.n + kTileN - 1) / kTileN;
   const int64_t tiles = ((args.m + kTileM - 1) / kTileM) * tiles_n;
   WorkItem work;
-  work.split = item / tiles;
-  const int64_t tile = item % tiles;
-  work.m0 = (tile / tiles_n) * kTileM;
-  work.n0 = (tile % tiles_n) * kTileN;
+  int64_t tile;
+  // 64-bit divisions are a called routine of about a hundred instructions,
+  // 32-bit ones a few inline: the item counts of any product seen so far fit.
+  if (item <= UINT32_MAX && tiles <= UINT32_MAX) {
+    const uint32_t item32 = item, tiles32 = tiles, tiles_n32 = tiles_n;
+    work.split = item32 / tiles32;
+    tile = item32 % tiles32;
+    work.m0 = int64_t{static_cast<uint32_t>(tile) / tiles_n32} * kTileM;
+    work.n0 = int64_t{static_cast<uint32_t>(tile) % tiles_n32} * kTileN;
+  } else {
+    work.split = item / tiles;
+    tile = item % tiles;
+    work.m0 = (tile / tiles_n) * kTileM;
+    work.n0 = (tile % tiles_n) * kTileN;
+  }
   work.k_tile_begin = work.split * args.k_tiles_per_split;
   const int64_t left = (args.k + kTileK - 1) / kTileK - work.k_tile_begin;
   work.k_tiles = left < args.k_tiles_per_split ? left : args.k_tiles_per_split;
@@ -482,29 +572,33 @@ __device__ __forceinline__ WorkItem work_item(const GemmArgs& args, int64_t item
 }
 
 // The warp's accumulators to C (+ bias), or to its split's partial tile.
-// Each thread's four column pairs (and their block of C and bias) are found
-// once, then written row by row.
+// Where the warp's columns lie in one block of C (always, when the blocks
+// are 128-multiples wide), each row's address is found once and the column
+// pairs are constant offsets from it; else each column pair finds its block.
 template <int FRAGS_M, int FRAGS_N>
 __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem& work, int warp_m0, int warp_n0,
                                            const float (&acc)[FRAGS_M][FRAGS_N][4]) {
   const int lane = threadIdx.x % kWarp;
   const int g = lane / 4, t = lane % 4;
-  float* column[FRAGS_N];  // the pair's address in row 0 (C fragment columns 2t, 2t + 1 of each n tile)
-  int64_t stride[FRAGS_N];
+  const int64_t first_col = work.n0 + warp_n0;  // of the warp's columns; the thread's pairs start 2t in
+  float* base;         // column 2t of the warp's columns in row 0 (one block)
+  int64_t row_stride;  // of that block
+  bool one_block = true;
+  if (args.partial != nullptr) {
+    base = args.partial + work.split * args.m * args.n + first_col + 2 * t;
+    row_stride = args.n;
+  } else {
+    const auto segment = args.out.segment_of(first_col);
+    base = segment.ptr + (first_col - segment.begin) + 2 * t;
+    row_stride = segment.width;
+    one_block = first_col + FRAGS_N * 8 <= segment.begin + segment.width;
+  }
   float2 bias[FRAGS_N];
 #pragma unroll
   for (int j = 0; j < FRAGS_N; ++j) {
-    const int64_t col = work.n0 + warp_n0 + j * 8 + 2 * t;
-    bias[j] = make_float2(0.f, 0.f);
-    if (args.partial != nullptr) {
-      column[j] = args.partial + work.split * args.m * args.n + col;
-      stride[j] = args.n;
-    } else {
-      const auto segment = args.out.segment_of(col);
-      column[j] = segment.ptr + (col - segment.begin);
-      stride[j] = segment.width;
-      if (args.bias != nullptr && col < args.n) bias[j] = make_float2(args.bias[col], args.bias[col + 1]);
-    }
+    const int64_t col = first_col + j * 8 + 2 * t;
+    bias[j] = args.bias != nullptr && col < args.n ? make_float2(args.bias[col], args.bias[col + 1])
+                                                   : make_float2(0.f, 0.f);
   }
 #pragma unroll
   for (int i = 0; i < FRAGS_M; ++i)
@@ -513,13 +607,123 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
       // C fragment rows: g, then g + 8.
       const int64_t row = work.m0 + warp_m0 + i * 16 + g + half * 8;
       if (row >= args.m) continue;
+      float* const row_base = base + row * row_stride;
 #pragma unroll
       for (int j = 0; j < FRAGS_N; ++j) {
-        if (work.n0 + warp_n0 + j * 8 + 2 * t >= args.n) continue;  // n is even: both columns or neither
-        *reinterpret_cast<float2*>(column[j] + row * stride[j]) =
-            make_float2(acc[i][j][2 * half] + bias[j].x, acc[i][j][2 * half + 1] + bias[j].y);
+        const int64_t col = first_col + j * 8 + 2 * t;
+        if (col >= args.n) continue;  // n is even: both columns or neither
+        const float2 value = make_float2(acc[i][j][2 * half] + bias[j].x, acc[i][j][2 * half + 1] + bias[j].y);
+        if (one_block) {
+          *reinterpret_cast<float2*>(row_base + j * 8) = value;
+        } else {
+          *reinterpret_cast<float2*>(args.out.at(row, col)) = value;
+        }
       }
     }
+}
+
+// Waits for this thread's bulk stores: until they have read shared memory
+// (READ_ONLY), or until they are done.
+template <bool READ_ONLY>
+__device__ __forceinline__ void bulk_stores_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (READ_ONLY) {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+#endif
+}
+
+// The block's 128 x 128 tile (+ bias) to C through shared memory: the
+// threads write it to `staging`, then thread r hands row r (512 contiguous
+// bytes of C) to the bulk copy engine, which stores it while the block goes
+// on to its next tile's multiply. Why: on a projection (four k-tiles per
+// tile) direct stores from registers keep the tensor cores idle for about as
+// long as the multiply takes. Returns false, storing nothing, where the tile
+// is not whole rows of one block of C (then store_tile stores it).
+template <int FRAGS_N>
+__device__ __forceinline__ bool stage_tile(const GemmArgs& args, const WorkItem& work, int warp_m0,
+                                           const float (&acc)[1][FRAGS_N][4], float* staging) {
+  static_assert(FRAGS_N * 8 == kTileN, "the warpgroup multiply's warps span the tile's columns");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float* base;  // the tile's column 0 in row 0
+  int64_t row_stride;
+  if (args.partial != nullptr) {
+    base = args.partial + work.split * args.m * args.n + work.n0;
+    row_stride = args.n;
+    if (work.n0 + kTileN > args.n) return false;
+  } else {
+    const auto segment = args.out.segment_of(work.n0);
+    if (work.n0 + kTileN > segment.begin + segment.width) return false;
+    base = segment.ptr + (work.n0 - segment.begin);
+    row_stride = segment.width;
+  }
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane / 4, t = lane % 4;
+  float2 bias[FRAGS_N];
+#pragma unroll
+  for (int j = 0; j < FRAGS_N; ++j) {
+    const int64_t col = work.n0 + j * 8 + 2 * t;
+    bias[j] = args.bias != nullptr ? make_float2(args.bias[col], args.bias[col + 1]) : make_float2(0.f, 0.f);
+  }
+  // The last tile's bulk stores have read the staging room.
+  if (threadIdx.x < kTileM) bulk_stores_wait<true>();
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float* const row = staging + (warp_m0 + g + half * 8) * kStoreLd + 2 * t;  // C fragment rows g, g + 8
+#pragma unroll
+    for (int j = 0; j < FRAGS_N; ++j)
+      *reinterpret_cast<float2*>(row + j * 8) =
+          make_float2(acc[0][j][2 * half] + bias[j].x, acc[0][j][2 * half + 1] + bias[j].y);
+  }
+  // The bulk copies read the staging room through the async proxy.
+  fence_async_proxy();
+  __syncthreads();
+  const int64_t row = work.m0 + threadIdx.x;
+  if (threadIdx.x < kTileM && row < args.m) {
+    const uint32_t from = static_cast<uint32_t>(__cvta_generic_to_shared(staging + threadIdx.x * kStoreLd));
+    asm volatile(
+        "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+        "cp.async.bulk.commit_group;\n" ::"l"(base + row * row_stride),
+        "r"(from), "n"(kTileN * sizeof(float))
+        : "memory");
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Row sums (bias gradients) over K = 1M rows at fp32 accuracy: each k-tile's
+// 32 values summed pairwise, the tiles' sums added with Kahan's
+// compensation. (A running fp32 sum's error grows with the count of terms;
+// over a few hundred it already passes 4x torch's tree-shaped sum.)
+struct CompensatedSum {
+  float sum = 0.f, compensation = 0.f;
+
+  __device__ __forceinline__ void add(float x) {
+    const float y = x - compensation;
+    const float t = sum + y;
+    compensation = (t - sum) - y;
+    sum = t;
+  }
+  __device__ __forceinline__ float value() const { return sum; }
+};
+
+// Column m of an MN-major tile summed over its 32 k, pairwise.
+__device__ __forceinline__ float tile_column_sum(const float* tile, int m) {
+  static_assert(kTileK == 32, "four sums of eight");
+  float eighths[kTileK / 8];
+#pragma unroll
+  for (int q = 0; q < kTileK / 8; ++q) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = tile[(q * 8 + i) * kMnMajorLd + m];
+    eighths[q] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+  }
+  return (eighths[0] + eighths[1]) + (eighths[2] + eighths[3]);
 }
 
 // C = A @ B (+ bias). Persistent blocks (one per SM) take work items
@@ -531,7 +735,9 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
 template <bool A_K_MAJOR, bool B_K_MAJOR, typename Mma>
 __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const GemmArgs args, int64_t items) {
   extern __shared__ __align__(16) float shared[];
+  constexpr int kStageFloats = kOperandFloats + Mma::kBRoomFloats;  // A's tile, then B's
   Mma mma;
+  constexpr int kStages = Mma::kStages;
   float* const mma_shared = shared + kStages * kStageFloats;  // the multiply's own room (Mma::kExtraSharedFloats)
 
   // The copy cursor runs kStages - 1 k-tiles ahead of the multiply.
@@ -540,17 +746,25 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const Gemm
   if (load_work.k_tiles <= 0) load_item = items;  // K = 0: nothing to copy
   int load_stage = 0;
   TileCopier<A_K_MAJOR> a_copier;
-  TileCopier<B_K_MAJOR> b_copier;
+  std::conditional_t<Mma::kPresplitB, PresplitCopier, TileCopier<B_K_MAJOR>> b_copier;
   auto copy_next = [&] {
     if (load_item < items) {
       if (load_k_tile == 0) {
         a_copier.begin_item(args.a, load_work.m0);
-        b_copier.begin_item(args.b, load_work.n0);
+        if constexpr (Mma::kPresplitB) {
+          b_copier.begin_item(args, load_work.n0);
+        } else {
+          b_copier.begin_item(args.b, load_work.n0);
+        }
       }
       float* a_tile = shared + load_stage * kStageFloats;
       const int64_t k0 = (load_work.k_tile_begin + load_k_tile) * kTileK;
       a_copier.copy(args.a, k0, a_tile);
-      b_copier.copy(args.b, k0, a_tile + kOperandFloats);
+      if constexpr (Mma::kPresplitB) {
+        b_copier.copy(k0, a_tile + kOperandFloats);
+      } else {
+        b_copier.copy(args.b, k0, a_tile + kOperandFloats);
+      }
       if (++load_k_tile == load_work.k_tiles) {
         load_item += gridDim.x;
         load_k_tile = 0;
@@ -570,37 +784,148 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const Gemm
     // Row sums (bias gradients) need A's tile MN-major: thread m sums column m of each tile.
     const bool sums_rows = !A_K_MAJOR && args.row_sums != nullptr && work.n0 == 0 && threadIdx.x < kTileM;
     float acc[Mma::kFragsM][Mma::kFragsN][4] = {};
-    float row_sum = 0.f;
+    CompensatedSum row_sum;
     for (int64_t k_tile = 0; k_tile < work.k_tiles; ++k_tile) {
       cp_async_wait<kStages - 2 - Mma::kTilesAhead>();
+      // The tensor cores read presplit B's copies through the async proxy.
+      if constexpr (Mma::kPresplitB) fence_async_proxy();
       // Everyone's copies of this k-tile (and of the next kTilesAhead) have
       // landed, and everyone is done with the stage the next copy overwrites
-      // (multiplied in the last step).
+      // (multiplied in the last step; the multiply issues that copy).
       __syncthreads();
-      copy_next();
       const float* a_tile = shared + compute_stage * kStageFloats;
       const bool has_next = k_tile + 1 < work.k_tiles || item + gridDim.x < items;
       const float* b_next = has_next ? shared + (compute_stage + 1) % kStages * kStageFloats + kOperandFloats : nullptr;
       mma.template multiply<A_K_MAJOR, B_K_MAJOR>(a_tile, a_tile + kOperandFloats, b_next, first_tile, mma_shared,
-                                                  acc);
+                                                  acc, copy_next);
       first_tile = false;
-      if (sums_rows) {
-#pragma unroll 8
-        for (int k = 0; k < kTileK; ++k) row_sum += a_tile[k * kMnMajorLd + threadIdx.x];
-      }
+      if (sums_rows) row_sum.add(tile_column_sum(a_tile, threadIdx.x));
       compute_stage = (compute_stage + 1) % kStages;
     }
     if (sums_rows && work.m0 + threadIdx.x < args.m) {
       const int64_t split_offset = args.partial != nullptr ? work.split * args.m : 0;
-      args.row_sums[split_offset + work.m0 + threadIdx.x] = row_sum;
+      args.row_sums[split_offset + work.m0 + threadIdx.x] = row_sum.value();
     }
-    store_tile(args, work, mma.warp_m0, mma.warp_n0, acc);
+    bool stored = false;
+    if constexpr (Mma::kStagedStore) stored = stage_tile(args, work, mma.warp_m0, acc, mma_shared);
+    if (!stored) store_tile(args, work, mma.warp_m0, mma.warp_n0, acc);
+  }
+  cp_async_wait<0>();
+  if constexpr (Mma::kStagedStore) bulk_stores_wait<false>();
+}
+
+// The forward of a layer's projections (A = x, K-major, K <= 128; B its
+// weights, presplit): each block keeps one n-tile's whole split B in shared
+// memory (up to 128 KiB, copied once), and each of its two warpgroups runs
+// its own pipeline over its own 64-row tiles of C, synchronising only within
+// the warpgroup. Why: with K = 128 a 128 x 128 tile is four k-tiles, and in
+// gemm_split_tf32_kernel the block-wide barrier of every k-tile and the
+// tile's stores keep the tensor cores waiting for the slowest warp; here one
+// warpgroup's waits and stores overlap the other's multiply, and B is read
+// from L2 once per block instead of once per k-tile.
+constexpr int kResidentKTiles = 4;  // K up to 128
+constexpr int kGroupRows = 64;      // rows of C per warpgroup item
+constexpr int kGroupThreads = 128;
+constexpr int kGroupStages = 4;
+constexpr int kGroupStageFloats = kGroupRows * kKMajorLd;
+constexpr int kResidentSharedBytes =
+    sizeof(float) * (kResidentKTiles * 2 * kSplitFloats + 2 * kGroupStages * kGroupStageFloats);
+
+__device__ __forceinline__ void warpgroup_barrier(int group) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "n"(kGroupThreads) : "memory");  // id 0 is __syncthreads
+}
+
+__global__ void __launch_bounds__(kThreads, 1) gemm_resident_b_kernel(const GemmArgs args, int n_tiles) {
+  extern __shared__ __align__(16) float shared[];
+  const int64_t k_tiles = (args.k + kTileK - 1) / kTileK;
+  const int group = threadIdx.x / kGroupThreads;
+  float* const b_resident = shared;
+  float* const a_stages = shared + kResidentKTiles * 2 * kSplitFloats + group * kGroupStages * kGroupStageFloats;
+
+  // This block's n-tile of split B, all its k-tiles (contiguous in b_split), copied once.
+  const int n_tile = blockIdx.x % n_tiles;
+  const float* const b_tiles = args.b_split + n_tile * k_tiles * 2 * kSplitFloats;
+  for (int64_t i = threadIdx.x; i < k_tiles * 2 * kSplitChunks; i += kThreads)
+    cp_async_16(b_resident + i * kChunk, b_tiles + i * kChunk, true);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_async_proxy();  // wgmma reads it through the async proxy
+  __syncthreads();
+
+  WarpgroupMma<true> mma;
+  mma.warp_m0 = (threadIdx.x / kWarp % 4) * 16;  // within the warpgroup's 64 rows
+  const int64_t m_tiles = (args.m + kGroupRows - 1) / kGroupRows;
+  const int64_t first_item = blockIdx.x / n_tiles * 2 + group;
+  const int64_t item_stride = gridDim.x / n_tiles * 2;
+  WorkItem work{0, n_tile * int64_t{kTileN}, 0, 0, k_tiles};
+
+  // The warpgroup's copy cursor runs kGroupStages - 1 k-tiles ahead of its multiply.
+  KMajorCopier<kGroupRows, kGroupThreads> a_copier;
+  int64_t load_item = first_item, load_k_tile = 0;
+  int load_stage = 0;
+  auto copy_next = [&] {
+    if (load_item < m_tiles) {
+      if (load_k_tile == 0) a_copier.begin_item(args.a, load_item * kGroupRows);
+      a_copier.copy(args.a, load_k_tile * kTileK, a_stages + load_stage * kGroupStageFloats);
+      if (++load_k_tile == k_tiles) {
+        load_k_tile = 0;
+        load_item += item_stride;
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+    load_stage = (load_stage + 1) % kGroupStages;
+  };
+#pragma unroll
+  for (int stage = 0; stage < kGroupStages - 1; ++stage) copy_next();
+
+  int compute_stage = 0;
+  for (int64_t item = first_item; item < m_tiles; item += item_stride) {
+    work.m0 = item * kGroupRows;
+    float acc[1][WarpgroupMma<true>::kFragsN][4] = {};
+    for (int64_t k_tile = 0; k_tile < k_tiles; ++k_tile) {
+      cp_async_wait<kGroupStages - 2>();
+      // The warpgroup's copies of this k-tile have landed, and it is done with the stage the
+      // next copy overwrites (multiplied in the last step; the multiply issues that copy).
+      warpgroup_barrier(group);
+      mma.template multiply<true, true>(a_stages + compute_stage * kGroupStageFloats,
+                                        b_resident + k_tile * 2 * kSplitFloats, nullptr, false, nullptr, acc,
+                                        copy_next);
+      compute_stage = (compute_stage + 1) % kGroupStages;
+    }
+    store_tile(args, work, mma.warp_m0, 0, acc);
   }
   cp_async_wait<0>();
 }
 
-// C = sum over splits of the partial tiles (+ bias), in split order; likewise
-// the row sums.
+// B (either orientation) -> b_split: for each n-tile, each k-tile's hi and
+// lo halves in the wgmma multiply's layout (zeros outside B), so the product
+// copies B's tiles into its stages as they are.
+template <bool B_K_MAJOR>
+__global__ void presplit_b_kernel(const ColumnSegments<const float*> b, int64_t n, int64_t k,
+                                  float* __restrict__ b_split) {
+  const int64_t k_tiles = (k + kTileK - 1) / kTileK;
+  const int64_t chunks = (n + kTileN - 1) / kTileN * k_tiles * kSplitChunks;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t tile = i / kSplitChunks;  // n-tile major, then k-tile
+    const int chunk = static_cast<int>(i % kSplitChunks);
+    const int64_t col = tile / k_tiles * kTileN + split_chunk_n(chunk);
+    const int64_t row = tile % k_tiles * kTileK + split_chunk_k(chunk);
+    uint32_t high[4], low[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool inside = col < n && row + j < k;
+      const float value = !inside ? 0.f : B_K_MAJOR ? *b.at(col, row + j) : *b.at(row + j, col);
+      split_tf32(value, high[j], low[j]);
+    }
+    float* const halves = b_split + tile * 2 * kSplitFloats;
+    reinterpret_cast<uint4*>(halves)[chunk] = make_uint4(high[0], high[1], high[2], high[3]);
+    reinterpret_cast<uint4*>(halves + kSplitFloats)[chunk] = make_uint4(low[0], low[1], low[2], low[3]);
+  }
+}
+
+// C = sum over splits of the partial tiles (+ bias), in split order and
+// compensated; likewise the row sums.
 __global__ void reduce_splits_kernel(const float* __restrict__ partial, int64_t splits, int64_t m, int64_t n,
                                      const float* __restrict__ bias, ColumnSegments<float*> out,
                                      const float* __restrict__ partial_row_sums, float* __restrict__ row_sums) {
@@ -609,14 +934,14 @@ __global__ void reduce_splits_kernel(const float* __restrict__ partial, int64_t 
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (i < cells) {
-      float sum = bias != nullptr ? bias[i % n] : 0.f;
-      for (int64_t s = 0; s < splits; ++s) sum += partial[s * cells + i];
-      *out.at(i / n, i % n) = sum;
+      CompensatedSum sum;
+      for (int64_t s = 0; s < splits; ++s) sum.add(partial[s * cells + i]);
+      *out.at(i / n, i % n) = sum.value() + (bias != nullptr ? bias[i % n] : 0.f);
     } else {
       const int64_t row = i - cells;
-      float sum = 0.f;
-      for (int64_t s = 0; s < splits; ++s) sum += partial_row_sums[s * m + row];
-      row_sums[row] = sum;
+      CompensatedSum sum;
+      for (int64_t s = 0; s < splits; ++s) sum.add(partial_row_sums[s * m + row]);
+      row_sums[row] = sum.value();
     }
   }
 }
@@ -683,7 +1008,8 @@ bool wgmma_built(int device) {
 template <bool A_K_MAJOR, bool B_K_MAJOR, typename Mma>
 void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, cudaStream_t stream) {
   const auto kernel = gemm_split_tf32_kernel<A_K_MAJOR, B_K_MAJOR, Mma>;
-  constexpr int shared_bytes = sizeof(float) * (kStages * kStageFloats + Mma::kExtraSharedFloats);
+  constexpr int shared_bytes =
+      sizeof(float) * (Mma::kStages * (kOperandFloats + Mma::kBRoomFloats) + Mma::kExtraSharedFloats);
   // Above 48 KiB of dynamic shared memory a kernel must opt in (on each device it runs on).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   kernel<<<blocks, kThreads, shared_bytes, stream>>>(args, items);
@@ -692,8 +1018,11 @@ void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, cudaStrea
 
 template <bool A_K_MAJOR, bool B_K_MAJOR>
 void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, bool wgmma, cudaStream_t stream) {
-  if (wgmma) {
-    launch_gemm<A_K_MAJOR, B_K_MAJOR, WarpgroupMma>(args, items, blocks, stream);
+  if (args.b_split != nullptr) {
+    // B's orientation no longer matters; presplit B is only used with A K-major (see below)
+    if constexpr (A_K_MAJOR) launch_gemm<true, true, WarpgroupMma<true>>(args, items, blocks, stream);
+  } else if (wgmma) {
+    launch_gemm<A_K_MAJOR, B_K_MAJOR, WarpgroupMma<false>>(args, items, blocks, stream);
   } else {
     launch_gemm<A_K_MAJOR, B_K_MAJOR, WarpMma>(args, items, blocks, stream);
   }
@@ -764,10 +1093,37 @@ std::vector<at::Tensor> matmul_split_tf32(at::TensorList a, bool a_transposed, a
 
   const int64_t items = tiles * splits;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(items, properties->multiProcessorCount));
+  const int64_t n_tiles = (args.n + kTileN - 1) / kTileN;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool wgmma = wgmma_built(device.index());
+  // B small beside A (a layer's weights; the forward and the input gradient,
+  // where A is K-major): split once here, so the product's blocks copy it
+  // split. GNNIO_SPLIT_TF32_PRESPLIT=0 keeps the split in the product.
+  const char* presplit_choice = std::getenv("GNNIO_SPLIT_TF32_PRESPLIT");
+  const bool presplit = wgmma && !a_transposed && args.k > 0 && args.n * 16 <= args.m &&
+                        !(presplit_choice != nullptr && std::string(presplit_choice) == "0");
+  at::Tensor b_split;
+  if (presplit) {
+    const int64_t chunks = (args.n + kTileN - 1) / kTileN * k_tiles * kSplitChunks;
+    b_split = at::empty({chunks * 2 * kChunk}, options);
+    args.b_split = b_split.data_ptr<float>();
+    const int threads = 256;
+    const int64_t blocks = std::min<int64_t>((chunks + threads - 1) / threads, 8 * properties->multiProcessorCount);
+    if (b_transposed) {
+      presplit_b_kernel<true><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args.b, args.n, args.k, b_split.data_ptr<float>());
+    } else {
+      presplit_b_kernel<false><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args.b, args.n, args.k, b_split.data_ptr<float>());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   // Operand orientations: A stored [M, K] unless transposed; B stored [K, N] unless transposed.
-  if (!a_transposed && b_transposed)
+  if (presplit && k_tiles <= kResidentKTiles && n_tiles <= properties->multiProcessorCount) {
+    const unsigned resident_blocks = properties->multiProcessorCount / n_tiles * n_tiles;  // n-tile = block % n_tiles
+    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_resident_b_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kResidentSharedBytes));
+    gemm_resident_b_kernel<<<resident_blocks, kThreads, kResidentSharedBytes, stream>>>(args, static_cast<int>(n_tiles));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else if (!a_transposed && b_transposed)
     launch_gemm<true, true>(args, items, blocks, wgmma, stream);
   else if (!a_transposed)
     launch_gemm<true, false>(args, items, blocks, wgmma, stream);

@@ -43,6 +43,8 @@ SHAPES = [
     pytest.param(300, 128, 512, [128], [128, 128, 128, 128], id="four-outputs"),
     pytest.param(131, 4, 8, [4], [4, 4], id="k4"),
     pytest.param(2000, 260, 132, [128, 4, 128], [132], id="partial-tiles"),
+    # B at most 1/16 of A: on H100/H200 B is split before the product (presplit)
+    pytest.param(5000, 260, 132, [128, 4, 128], [132], id="presplit-partial-tiles"),
     pytest.param(64, 100_000, 132, [100_000], [132], id="split-k"),
 ]
 
@@ -75,6 +77,27 @@ def test_matmul_split_tf32_matches_fp64(a_transposed, b_transposed, m, k, n, a_w
     check_fp32_accuracy(product, oracle, torch_fp32)
     if a_transposed:
         check_fp32_accuracy(outputs[-1], a64.sum(1), a32.sum(1))
+
+
+@pytest.mark.parametrize("presplit", ["1", "0"], ids=["presplit", "split-in-product"])
+@pytest.mark.parametrize("b_transposed", [False, True], ids=["b", "b^T"])
+# K up to 128 with presplit B: B's n-tile stays in shared memory (gemm_resident_b_kernel)
+@pytest.mark.parametrize("k, a_widths", [(100, [68, 32]), (164, [132, 32])], ids=["k100", "k164"])
+@on_gpu
+def test_presplit_b_and_split_in_the_product_agree_with_fp64(presplit, b_transposed, k, a_widths, monkeypatch):
+    """Both ways of splitting a small B (GNNIO_SPLIT_TF32_PRESPLIT) give fp32-accurate products."""
+    monkeypatch.setenv("GNNIO_SPLIT_TF32_PRESPLIT", presplit)
+    generator = torch.Generator().manual_seed(29 + b_transposed + k)
+    a64 = torch.randn(5003, k, dtype=torch.float64, generator=generator)
+    b64 = torch.randn(k, 260, dtype=torch.float64, generator=generator)
+    b_stored = (b64.t() if b_transposed else b64).float().contiguous().cuda()
+    bias64 = torch.randn(260, dtype=torch.float64, generator=generator)
+    poison_cuda_cache(4 * 5003 * 260 * 8)
+    out = torch.ops.gnnio.matmul_split_tf32(
+        column_blocks(a64.float().cuda(), a_widths), False, [b_stored], b_transposed, bias64.float().cuda(), [128, 132]
+    )
+    torch_fp32 = a64.float().cuda() @ b64.float().cuda() + bias64.float().cuda()
+    check_fp32_accuracy(torch.cat(out, dim=1), a64 @ b64 + bias64, torch_fp32)
 
 
 @on_gpu
