@@ -153,20 +153,33 @@ struct KMajorCopier {
   static constexpr int kChunksPerRow = kTileK / kChunk;
   static constexpr int kChunks = ROWS * kChunksPerRow / THREADS;
   using Place = ChunkPlace<kChunksPerRow, THREADS>;
-  int64_t first_row;  // of this thread's chunk 0
-  uint32_t inside;    // bit i: chunk i's row is inside the matrix
+  int64_t first_row;      // of this thread's chunk 0
+  uint32_t inside;         // bit i: chunk i's row is inside the matrix
+  const float* item_base;  // a matrix of one block: chunk 0's address at k = 0
 
   __device__ __forceinline__ void begin_item(const ColumnSegments<const float*>& matrix, int64_t mn0) {
     first_row = mn0 + Place::row();
     inside = 0;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) inside |= uint32_t{first_row + i * Place::kRowsApart < matrix.rows} << i;
+    item_base = matrix.ptr[0] + first_row * matrix.start[1] + Place::col();
   }
 
   __device__ __forceinline__ void copy(const ColumnSegments<const float*>& matrix, int64_t k0, float* smem) const {
+    float* const to = smem + Place::row() * kKMajorLd + Place::col();
+    if (matrix.count == 1 && k0 + kTileK <= matrix.start[1]) {  // most k-tiles: no lookup at all
+      const float* from = item_base + k0;
+      const int64_t step = Place::kRowsApart * matrix.start[1];
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        const bool in = (inside >> i) & 1;
+        cp_async_16(to + i * Place::kRowsApart * kKMajorLd, in ? from : matrix.ptr[0], in);
+        from += step;
+      }
+      return;
+    }
     const auto segment = matrix.segment_of(k0);
     const int64_t col = k0 + Place::col();
-    float* const to = smem + Place::row() * kKMajorLd + Place::col();
     if (k0 + kTileK <= segment.begin + segment.width) {  // the whole k-tile inside one block
       const float* from = segment.ptr + first_row * segment.width + (col - segment.begin);
       const int64_t step = Place::kRowsApart * segment.width;
@@ -593,12 +606,15 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
     row_stride = segment.width;
     one_block = first_col + FRAGS_N * 8 <= segment.begin + segment.width;
   }
+  // The usual case: every column of the warp inside C and inside one block,
+  // so the stores need no checks but the row's.
+  const bool whole = one_block && first_col + FRAGS_N * 8 <= args.n;
   float2 bias[FRAGS_N];
 #pragma unroll
   for (int j = 0; j < FRAGS_N; ++j) {
     const int64_t col = first_col + j * 8 + 2 * t;
-    bias[j] = args.bias != nullptr && col < args.n ? make_float2(args.bias[col], args.bias[col + 1])
-                                                   : make_float2(0.f, 0.f);
+    bias[j] = args.bias != nullptr && (whole || col < args.n) ? make_float2(args.bias[col], args.bias[col + 1])
+                                                              : make_float2(0.f, 0.f);
   }
 #pragma unroll
   for (int i = 0; i < FRAGS_M; ++i)
@@ -608,15 +624,19 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
       const int64_t row = work.m0 + warp_m0 + i * 16 + g + half * 8;
       if (row >= args.m) continue;
       float* const row_base = base + row * row_stride;
+      if (whole) {
 #pragma unroll
-      for (int j = 0; j < FRAGS_N; ++j) {
-        const int64_t col = first_col + j * 8 + 2 * t;
-        if (col >= args.n) continue;  // n is even: both columns or neither
-        const float2 value = make_float2(acc[i][j][2 * half] + bias[j].x, acc[i][j][2 * half + 1] + bias[j].y);
-        if (one_block) {
-          *reinterpret_cast<float2*>(row_base + j * 8) = value;
-        } else {
-          *reinterpret_cast<float2*>(args.out.at(row, col)) = value;
+        for (int j = 0; j < FRAGS_N; ++j)
+          *reinterpret_cast<float2*>(row_base + j * 8) =
+              make_float2(acc[i][j][2 * half] + bias[j].x, acc[i][j][2 * half + 1] + bias[j].y);
+      } else {
+#pragma unroll
+        for (int j = 0; j < FRAGS_N; ++j) {
+          const int64_t col = first_col + j * 8 + 2 * t;
+          if (col >= args.n) continue;  // n is even: both columns or neither
+          float* const at = one_block ? row_base + j * 8 : args.out.at(row, col);
+          *reinterpret_cast<float2*>(at) =
+              make_float2(acc[i][j][2 * half] + bias[j].x, acc[i][j][2 * half + 1] + bias[j].y);
         }
       }
     }
