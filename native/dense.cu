@@ -658,10 +658,14 @@ __device__ __forceinline__ void bulk_stores_wait() {
 // The block's 128 x 128 tile (+ bias) to C through shared memory: the
 // threads write it to `staging`, then thread r hands row r (512 contiguous
 // bytes of C) to the bulk copy engine, which stores it while the block goes
-// on to its next tile's multiply. Why: on a projection (four k-tiles per
-// tile) direct stores from registers keep the tensor cores idle for about as
-// long as the multiply takes. Returns false, storing nothing, where the tile
-// is not whole rows of one block of C (then store_tile stores it).
+// on to its next tile's multiply. Why: with direct stores from registers
+// the tensor cores wait while a tile's 64 KiB go out. Measured (H100, runs
+// 102-106 in docs/BENCHMARKS.md): the forward of four projections went
+// 2.09 -> 2.00 ms with it (that product now runs gemm_resident_b_kernel);
+// the input gradient (16 k-tiles per tile, and one stage fewer for this
+// room) stayed within run-to-run spread, 1.44-1.55 ms. Returns false,
+// storing nothing, where the tile is not whole rows of one block of C (then
+// store_tile stores it).
 template <int FRAGS_N>
 __device__ __forceinline__ bool stage_tile(const GemmArgs& args, const WorkItem& work, int warp_m0,
                                            const float (&acc)[1][FRAGS_N][4], float* staging) {
@@ -842,7 +846,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const Gemm
 // gemm_split_tf32_kernel the block-wide barrier of every k-tile and the
 // tile's stores keep the tensor cores waiting for the slowest warp; here one
 // warpgroup's waits and stores overlap the other's multiply, and B is read
-// from L2 once per block instead of once per k-tile.
+// from L2 once per block instead of once per k-tile (H100, four projections
+// of x [1M, 128]: 2.00 -> 1.86 ms, then 1.62 with the stores' fast path;
+// still about half the tensor cores' peak: ncu finds the warps waiting on
+// instruction latencies and the instruction cache, docs/BENCHMARKS.md run 107).
 constexpr int kResidentKTiles = 4;  // K up to 128
 constexpr int kGroupRows = 64;      // rows of C per warpgroup item
 constexpr int kGroupThreads = 128;

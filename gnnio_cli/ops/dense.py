@@ -25,14 +25,14 @@ Every layer's Linear maps go through here (``nn.linear``). Two implementations:
 
 - ``auto`` (the default): the kernel where it can take the product and the
   product uses at least 90% of the work of its whole 128 x 128 x 32 tiles,
-  else torch's GEMMs. On rmat20 (H100, wgmma) the kernel takes 1.86 / 1.44 /
-  1.72 ms for the forward, input-gradient and weight-gradient products of
-  four projections (all tiles full), where cuBLAS takes 3.37 / 3.90 / 3.45
+  else torch's GEMMs. On rmat20 (H100, wgmma) the kernel takes 1.62 / 1.49 /
+  1.88 ms for the forward, input-gradient and weight-gradient products of
+  four projections (all tiles full), where cuBLAS takes 3.42 / 3.98 / 3.51
   (mma.sync: 3.42 / 2.84 / 2.67); for GATConv's, 136 wide where tiles hold
   128 (h and the score terms), the mma.sync kernel was not faster: 1.77
   against 1.52 ms for the forward (53% of the work used), 1.06 against 1.06
   for x's gradient (85%), 1.29 against 1.05 for the weight gradients (53%)
-  (docs/BENCHMARKS.md, runs 87, 89, 101 and 106).
+  (docs/BENCHMARKS.md, runs 87, 89, 101 and 111).
   ``GNNIO_SPLIT_TF32_WGMMA=0`` keeps the kernel on mma.sync on H100/H200 (to
   compare the two). There a B at most 1/16 of A's size (the weights, in the
   forward and the input gradient) is split into its TF32 halves once, before
