@@ -23,6 +23,17 @@
 // several projections are one product without concatenating their inputs or
 // outputs (the forward writes q, k, v and skip into four tensors; the input
 // gradient reads four gradients as one K = 512 operand).
+//
+// Kernels (matmul_split_tf32, at the bottom, picks them):
+// - gemm_split_tf32_kernel: any product; persistent blocks of 128 x 128
+//   tiles with a cp.async pipeline, the multiply a policy: WarpMma
+//   (mma.sync, sm_80+) or WarpgroupMma (wgmma, sm_90a), the latter with B
+//   split in the loop or split before it (presplit).
+// - gemm_resident_b_kernel: the forward of a layer's projections on sm_90a
+//   (K <= 128, small B): each block keeps its slice of split B in shared
+//   memory, each warpgroup runs its own pipeline.
+// - presplit_b_kernel: a small B (the weights) into its TF32 halves, once.
+// - reduce_splits_kernel: the in-order sum of a split K's partial tiles.
 #include "common.cuh"
 
 #include <cstdint>
