@@ -178,36 +178,33 @@ struct KMajorCopier {
 
   __device__ __forceinline__ void copy(const ColumnSegments<const float*>& matrix, int64_t k0, float* smem) const {
     float* const to = smem + Place::row() * kKMajorLd + Place::col();
-    if (matrix.count == 1 && k0 + kTileK <= matrix.start[1]) {  // most k-tiles: no lookup at all
-      const float* from = item_base + k0;
-      const int64_t step = Place::kRowsApart * matrix.start[1];
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        const bool in = (inside >> i) & 1;
-        cp_async_16(to + i * Place::kRowsApart * kKMajorLd, in ? from : matrix.ptr[0], in);
-        from += step;
-      }
-      return;
-    }
-    const auto segment = matrix.segment_of(k0);
     const int64_t col = k0 + Place::col();
-    if (k0 + kTileK <= segment.begin + segment.width) {  // the whole k-tile inside one block
-      const float* from = segment.ptr + first_row * segment.width + (col - segment.begin);
-      const int64_t step = Place::kRowsApart * segment.width;
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        const bool in = (inside >> i) & 1;
-        cp_async_16(to + i * Place::kRowsApart * kKMajorLd, in ? from : matrix.ptr[0], in);
-        from += step;
-      }
+    // The k-tile inside one block: chunk 0's address and the block's row stride.
+    const float* from;
+    int64_t width;
+    if (matrix.count == 1 && k0 + kTileK <= matrix.start[1]) {  // most k-tiles: no lookup at all
+      from = item_base + k0;
+      width = matrix.start[1];
     } else {
-      const bool col_in = col < matrix.cols();
+      const auto segment = matrix.segment_of(k0);
+      if (k0 + kTileK > segment.begin + segment.width) {  // straddles blocks or the last column
+        const bool col_in = col < matrix.cols();
 #pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        const bool in = ((inside >> i) & 1) && col_in;
-        cp_async_16(to + i * Place::kRowsApart * kKMajorLd,
-                    in ? matrix.at(first_row + i * Place::kRowsApart, col) : matrix.ptr[0], in);
+        for (int i = 0; i < kChunks; ++i) {
+          const bool in = ((inside >> i) & 1) && col_in;
+          cp_async_16(to + i * Place::kRowsApart * kKMajorLd,
+                      in ? matrix.at(first_row + i * Place::kRowsApart, col) : matrix.ptr[0], in);
+        }
+        return;
       }
+      from = segment.ptr + first_row * segment.width + (col - segment.begin);
+      width = segment.width;
+    }
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const bool in = (inside >> i) & 1;
+      cp_async_16(to + i * Place::kRowsApart * kKMajorLd, in ? from : matrix.ptr[0], in);
+      from += Place::kRowsApart * width;
     }
   }
 };
@@ -595,6 +592,45 @@ __device__ __forceinline__ WorkItem work_item(const GemmArgs& args, int64_t item
   return work;
 }
 
+// Where `cols` columns of C from first_col go: their first column's address
+// in row 0 (in C's block, or in the split's partial tile) and its row stride;
+// `whole` when they all lie inside C and inside that one block.
+struct TileColumns {
+  float* base;
+  int64_t row_stride;
+  bool one_block, whole;
+};
+
+__device__ __forceinline__ TileColumns tile_columns(const GemmArgs& args, const WorkItem& work, int64_t first_col,
+                                                    int cols) {
+  TileColumns where;
+  if (args.partial != nullptr) {
+    where.base = args.partial + work.split * args.m * args.n + first_col;
+    where.row_stride = args.n;
+    where.one_block = true;
+  } else {
+    const auto segment = args.out.segment_of(first_col);
+    where.base = segment.ptr + (first_col - segment.begin);
+    where.row_stride = segment.width;
+    where.one_block = first_col + cols <= segment.begin + segment.width;
+  }
+  where.whole = where.one_block && first_col + cols <= args.n;
+  return where;
+}
+
+// The bias of each of a thread's FRAGS_N column pairs (first_col + 8 j + 2t),
+// zeros without a bias or past C's last column.
+template <int FRAGS_N>
+__device__ __forceinline__ void load_bias(const GemmArgs& args, int64_t first_col, int t, bool whole,
+                                          float2 (&bias)[FRAGS_N]) {
+#pragma unroll
+  for (int j = 0; j < FRAGS_N; ++j) {
+    const int64_t col = first_col + j * 8 + 2 * t;
+    bias[j] = args.bias != nullptr && (whole || col < args.n) ? make_float2(args.bias[col], args.bias[col + 1])
+                                                              : make_float2(0.f, 0.f);
+  }
+}
+
 // The warp's accumulators to C (+ bias), or to its split's partial tile.
 // Where the warp's columns lie in one block of C (always, when the blocks
 // are 128-multiples wide), each row's address is found once and the column
@@ -605,28 +641,10 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
   const int lane = threadIdx.x % kWarp;
   const int g = lane / 4, t = lane % 4;
   const int64_t first_col = work.n0 + warp_n0;  // of the warp's columns; the thread's pairs start 2t in
-  float* base;         // column 2t of the warp's columns in row 0 (one block)
-  int64_t row_stride;  // of that block
-  bool one_block = true;
-  if (args.partial != nullptr) {
-    base = args.partial + work.split * args.m * args.n + first_col + 2 * t;
-    row_stride = args.n;
-  } else {
-    const auto segment = args.out.segment_of(first_col);
-    base = segment.ptr + (first_col - segment.begin) + 2 * t;
-    row_stride = segment.width;
-    one_block = first_col + FRAGS_N * 8 <= segment.begin + segment.width;
-  }
-  // The usual case: every column of the warp inside C and inside one block,
-  // so the stores need no checks but the row's.
-  const bool whole = one_block && first_col + FRAGS_N * 8 <= args.n;
+  const TileColumns where = tile_columns(args, work, first_col, FRAGS_N * 8);
+  // The usual case (whole): the stores need no checks but the row's.
   float2 bias[FRAGS_N];
-#pragma unroll
-  for (int j = 0; j < FRAGS_N; ++j) {
-    const int64_t col = first_col + j * 8 + 2 * t;
-    bias[j] = args.bias != nullptr && (whole || col < args.n) ? make_float2(args.bias[col], args.bias[col + 1])
-                                                              : make_float2(0.f, 0.f);
-  }
+  load_bias(args, first_col, t, where.whole, bias);
 #pragma unroll
   for (int i = 0; i < FRAGS_M; ++i)
 #pragma unroll
@@ -634,8 +652,8 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
       // C fragment rows: g, then g + 8.
       const int64_t row = work.m0 + warp_m0 + i * 16 + g + half * 8;
       if (row >= args.m) continue;
-      float* const row_base = base + row * row_stride;
-      if (whole) {
+      float* const row_base = where.base + 2 * t + row * where.row_stride;
+      if (where.whole) {
 #pragma unroll
         for (int j = 0; j < FRAGS_N; ++j)
           *reinterpret_cast<float2*>(row_base + j * 8) =
@@ -645,7 +663,7 @@ __device__ __forceinline__ void store_tile(const GemmArgs& args, const WorkItem&
         for (int j = 0; j < FRAGS_N; ++j) {
           const int64_t col = first_col + j * 8 + 2 * t;
           if (col >= args.n) continue;  // n is even: both columns or neither
-          float* const at = one_block ? row_base + j * 8 : args.out.at(row, col);
+          float* const at = where.one_block ? row_base + j * 8 : args.out.at(row, col);
           *reinterpret_cast<float2*>(at) =
               make_float2(acc[i][j][2 * half] + bias[j].x, acc[i][j][2 * half + 1] + bias[j].y);
         }
@@ -682,26 +700,12 @@ __device__ __forceinline__ bool stage_tile(const GemmArgs& args, const WorkItem&
                                            const float (&acc)[1][FRAGS_N][4], float* staging) {
   static_assert(FRAGS_N * 8 == kTileN, "the warpgroup multiply's warps span the tile's columns");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  float* base;  // the tile's column 0 in row 0
-  int64_t row_stride;
-  if (args.partial != nullptr) {
-    base = args.partial + work.split * args.m * args.n + work.n0;
-    row_stride = args.n;
-    if (work.n0 + kTileN > args.n) return false;
-  } else {
-    const auto segment = args.out.segment_of(work.n0);
-    if (work.n0 + kTileN > segment.begin + segment.width) return false;
-    base = segment.ptr + (work.n0 - segment.begin);
-    row_stride = segment.width;
-  }
+  const TileColumns where = tile_columns(args, work, work.n0, kTileN);
+  if (!where.whole) return false;
   const int lane = threadIdx.x % kWarp;
   const int g = lane / 4, t = lane % 4;
   float2 bias[FRAGS_N];
-#pragma unroll
-  for (int j = 0; j < FRAGS_N; ++j) {
-    const int64_t col = work.n0 + j * 8 + 2 * t;
-    bias[j] = args.bias != nullptr ? make_float2(args.bias[col], args.bias[col + 1]) : make_float2(0.f, 0.f);
-  }
+  load_bias(args, work.n0, t, true, bias);
   // The last tile's bulk stores have read the staging room.
   if (threadIdx.x < kTileM) bulk_stores_wait<true>();
   __syncthreads();
@@ -721,7 +725,7 @@ __device__ __forceinline__ bool stage_tile(const GemmArgs& args, const WorkItem&
     const uint32_t from = static_cast<uint32_t>(__cvta_generic_to_shared(staging + threadIdx.x * kStoreLd));
     asm volatile(
         "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-        "cp.async.bulk.commit_group;\n" ::"l"(base + row * row_stride),
+        "cp.async.bulk.commit_group;\n" ::"l"(where.base + row * where.row_stride),
         "r"(from), "n"(kTileN * sizeof(float))
         : "memory");
   }
