@@ -19,7 +19,10 @@
 // With p = exp(score - lse), w = p * dropout and dp = dropout * <g_t, message>:
 //   d score = p * (dp - delta),  d message = w * g_t.
 // Every pass is a gather, never a scatter of sums (s_e is written once per
-// edge): no atomics, deterministic results.
+// edge): no atomics, deterministic results. Dot's three passes in the 4-wide
+// layout without edge features or dropout have kernels of their own that
+// gather ahead through shared memory with L2 hints (section "Dot's passes,
+// rows gathered ahead").
 //
 // AGNN (kind Cosine), per head, with n_s = |x_s|, m_s = max(n_s, eps),
 // a_s = [n_s >= eps], u_s = x_s / m_s (F.normalize, eps = 1e-12):
@@ -56,8 +59,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <type_traits>
 
 namespace gnnio {
@@ -69,6 +74,9 @@ struct Params {
   RowSchedule schedule;  // the rows walked: CSR for forward and the target-side pass, CSC for the source side
   IndexView indices;     // the neighbour of each slot
   const int64_t* eid;    // original edge id of each slot
+  // Dot's passes that gather ahead: the neighbour ids with bit 31 set where the
+  // neighbour's rows are rarely read (see hinted_indices in attention_native.py), or null
+  const uint32_t* hinted;
   LaneGeometry geo;
   // Light rows (at most tile_edges slots), [L, 3] (row, first slot, end
   // slot): the non-empty ones by descending length, then the empty ones.
@@ -243,19 +251,28 @@ __device__ __forceinline__ float lane_sum(float share, const LaneGeometry& geo, 
   return head_sum<Layout<VEC>::kGroupLanes>(mine, geo.lanes_per_head);
 }
 
-// This lane's chunks of one [H, C] row starting at `row`.
-template <int VEC, typename T>
+// This lane's chunks of one [H, C] row starting at `row`. STREAMING (the
+// 4-wide layout): with the evict-first cache policy, for results a pass
+// writes once and does not read back, so that they leave L2 before the
+// rows it gathers (the passes that gather ahead).
+template <int VEC, typename T, bool STREAMING = false>
 __device__ __forceinline__ void store_row_at(T* __restrict__ row, const Lane<VEC>& lane,
                                              const float (&x)[Layout<VEC>::kChunks][VEC]) {
 #pragma unroll
-  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
-    if (lane.ok[k]) store_f32<VEC>(row + lane.offset[k], x[k]);
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k) {
+    if (!lane.ok[k]) continue;
+    if constexpr (STREAMING && VEC == 4) {
+      store_streaming<T>(row + lane.offset[k], x[k]);
+    } else {
+      store_f32<VEC>(row + lane.offset[k], x[k]);
+    }
+  }
 }
 
-template <int VEC, typename T>
+template <int VEC, typename T, bool STREAMING = false>
 __device__ __forceinline__ void store_row(T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                           const Lane<VEC>& lane, const float (&x)[Layout<VEC>::kChunks][VEC]) {
-  store_row_at<VEC>(row_start(base, node, geo), lane, x);
+  store_row_at<VEC, T, STREAMING>(row_start(base, node, geo), lane, x);
 }
 
 template <typename T>
@@ -415,6 +432,18 @@ __device__ __forceinline__ float score_factor(const Params<scalar_t>& p, int hea
   if constexpr (KIND == kCosine) return head_ok ? p.beta[head] * p.scale : 0.f;
   return p.scale;
 }
+
+// A neighbour id as for_each_step_ahead hands it round: with hints (Params::
+// hinted) bit 31 says the node's rows are rarely read, and the fetches give
+// them L2's evict-first policy, so the rows of the nodes read most stay in
+// L2 longer; without, the id is all 32 bits.
+struct NodeWord {
+  uint32_t id;
+  bool rare;
+  NodeWord() = default;
+  __device__ __forceinline__ NodeWord(uint32_t word, bool hinted)
+      : id(hinted ? word & 0x7fffffffu : word), rare(hinted && (word >> 31) != 0) {}
+};
 
 // The original edge ids of one step's slots, shuffled from the lane that read
 // them only where a kernel needs one (edge features, dropout, per-edge
@@ -780,6 +809,41 @@ __device__ __forceinline__ void packed_gatv2_scores(float slope_f32, const Gathe
 }
 
 // ------------------------------------------------------------------ forward
+// A forward item's end: a light row's output (acc / sum, plus the output
+// bias) and lse, or a tile's partial softmax state for merge_tiles_kernel.
+template <int VEC, typename scalar_t, bool STREAMING = false>
+__device__ __forceinline__ void finish_forward_item(const Params<scalar_t>& p, const WorkItem& item,
+                                                    const LaneGeometry& geo, const Lane<VEC>& lane, bool writer,
+                                                    float run_max, float run_sum, Chunks<VEC>& acc) {
+  if (item.partial < 0) {
+    const float inverse = run_sum > 0.f ? 1.f / run_sum : 0.f;
+#pragma unroll
+    for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) acc[k][v] *= inverse;
+    add_out_bias<VEC>(p.out_bias, geo, lane, acc);
+    store_row<VEC, scalar_t, STREAMING>(p.out, item.row, geo, lane, acc);
+    if (writer) p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
+  } else {
+    store_row<VEC>(p.part_acc, item.partial, geo, lane, acc);
+    if (writer) {
+      p.part_max[item.partial * geo.heads + lane.head] = run_max;
+      p.part_sum[item.partial * geo.heads + lane.head] = run_sum;
+    }
+  }
+}
+
+// A row with no in-edges: the output bias (or zeros) and lse 0.
+template <int VEC, typename scalar_t, bool STREAMING = false>
+__device__ __forceinline__ void forward_empty_row(const Params<scalar_t>& p, int64_t row, const LaneGeometry& geo,
+                                                  const Lane<VEC>& lane, bool writer) {
+  Chunks<VEC> zero;
+  set_zero<VEC>(zero);
+  add_out_bias<VEC>(p.out_bias, geo, lane, zero);
+  store_row<VEC, scalar_t, STREAMING>(p.out, row, geo, lane, zero);
+  if (writer) p.lse[row * geo.heads + lane.head] = 0.f;
+}
+
 // PRECOMPUTED: the scores come from p.scores_in (slot order, written by the
 // edge-balanced score phase) instead of from the source and target rows; the
 // rest (online softmax, dropout, aggregation, tiles) is the same pass.
@@ -915,30 +979,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
     });
     if constexpr (G == 2) merge_groups<VEC>(run_max, run_sum, acc);
 
-    if (!row_lane) return;
-    if (item.partial < 0) {
-      const float inverse = run_sum > 0.f ? 1.f / run_sum : 0.f;
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) acc[k][v] *= inverse;
-      add_out_bias<VEC>(p.out_bias, geo, lane, acc);
-      store_row<VEC>(p.out, item.row, geo, lane, acc);
-      if (writer) p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
-    } else {
-      store_row<VEC>(p.part_acc, item.partial, geo, lane, acc);
-      if (writer) {
-        p.part_max[item.partial * geo.heads + lane.head] = run_max;
-        p.part_sum[item.partial * geo.heads + lane.head] = run_sum;
-      }
-    }
+    if (row_lane) finish_forward_item<VEC>(p, item, geo, lane, writer, run_max, run_sum, acc);
   }, [&](int64_t row) {
-    if (!row_lane) return;
-    Chunks<VEC> zero;
-    set_zero<VEC>(zero);
-    add_out_bias<VEC>(p.out_bias, geo, lane, zero);
-    store_row<VEC>(p.out, row, geo, lane, zero);
-    if (writer) p.lse[row * geo.heads + lane.head] = 0.f;
+    if (row_lane) forward_empty_row<VEC>(p, row, geo, lane, writer);
   });
 }
 
@@ -1533,6 +1576,316 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   });
 }
 
+// ------------------------------------------ Dot's passes, rows gathered ahead
+// The passes above issue a step's gathers (U edges) and then wait for them
+// all, so a warp has at most U edges' rows in flight, and none while it
+// computes. ncu on TransformerConv's passes on rmat20 (H100, 4 x 32, fp32,
+// run 113): DRAM at 77% (forward), 70% (source pass) and 62.5% (target
+// pass) of its bandwidth, no warp eligible in 55-75% of cycles, the warps
+// waiting on those gathers; at 80 registers (3 blocks per SM) a step holds
+// no more edges. The kernels below copy each step's row chunks into the
+// warp's ring in shared memory (copy_ahead) DEPTH steps before the step is
+// computed: DEPTH x U edges stay in flight, through the arithmetic too, for
+// the registers of one step. They take Dot (TransformerConv) in the 4-wide
+// layout without edge features or dropout, and a forward without returned
+// scores (the layer's usual case); the other cases run the passes above.
+// GNNIO_ATTENTION_AHEAD=0 runs the passes above for these cases too.
+
+// One warp's ring in shared memory: DEPTH stages of U edges, each edge ROWS
+// row chunks (this lane's 4 elements of each gathered row) and EXTRA bytes
+// per lane (the edge's per-head values, or none). A row's 32 chunks lie side
+// by side, so a warp's reads of them are conflict-free.
+template <typename T, int U, int DEPTH, int ROWS, int EXTRA>
+struct GatherRing {
+  static constexpr int kChunkBytes = 4 * static_cast<int>(sizeof(T));
+  static constexpr int kRowBytes = kWarp * kChunkBytes;
+  static constexpr int kEdgeBytes = ROWS * kRowBytes + kWarp * EXTRA;
+  static constexpr int kWarpBytes = DEPTH * U * kEdgeBytes;
+  static constexpr int kBlockBytes = kWarpsPerBlock * kWarpBytes;
+  static constexpr int kEdgesPerStep = U;
+  static constexpr int kDepth = DEPTH;
+  static_assert(kEdgeBytes % 16 == 0, "every edge's chunks stay 16-byte aligned");
+  char* warp_ring;
+  int lane;
+
+  __device__ __forceinline__ GatherRing(char* block_ring, int lane_id)
+      : warp_ring(block_ring + (threadIdx.x / kWarp) * kWarpBytes), lane(lane_id) {}
+
+  __device__ __forceinline__ char* chunk(int stage, int u, int r) const {
+    return warp_ring + (stage * U + u) * kEdgeBytes + r * kRowBytes + lane * kChunkBytes;
+  }
+  __device__ __forceinline__ char* extra(int stage, int u) const {
+    return warp_ring + (stage * U + u) * kEdgeBytes + ROWS * kRowBytes + lane * EXTRA;
+  }
+  // copies this lane's chunk of row `node` of a [N, H, C] tensor into the ring
+  // (a rarely read row with the evict-first policy, see NodeWord)
+  __device__ __forceinline__ void fetch(int stage, int u, int r, const T* base, const NodeWord& node,
+                                        const LaneGeometry& geo, const Lane<4>& at, uint64_t evict_first) const {
+    const T* from = row_start(base, node.id, geo) + at.offset[0];
+    if (node.rare) {
+      copy_ahead<kChunkBytes>(chunk(stage, u, r), from, evict_first);
+    } else {
+      copy_ahead<kChunkBytes>(chunk(stage, u, r), from);
+    }
+  }
+  // an edge's two rows of one node: row 0 from `first`, row 1 from `second`
+  __device__ __forceinline__ void fetch_pair(int stage, int u, const T* first, const T* second, const NodeWord& node,
+                                             const LaneGeometry& geo, const Lane<4>& at, uint64_t evict_first) const {
+    fetch(stage, u, 0, first, node, geo, at, evict_first);
+    fetch(stage, u, 1, second, node, geo, at, evict_first);
+  }
+  __device__ __forceinline__ void read(int stage, int u, int r, Chunks<4>& x) const {
+    to_f32<4>(*reinterpret_cast<const Vec<T, 4>*>(chunk(stage, u, r)), x[0]);
+  }
+};
+
+// Calls consume(stage, valid, first_slot) for the slots [begin, end) of a
+// warp's item in steps of U (step s: slots begin + s * U + u), each after
+// fetch(stage, neighbour, mapped, valid) issued that step's copies DEPTH
+// steps before, one commit group per step (an empty one past the end, so
+// copy_ahead_wait<DEPTH - 1> always waits for exactly the step at hand).
+// consume reads the ring before fetch refills its stage. Neighbour ids (and
+// slot_map entries, when given) are read 32 at a time, one per lane, the
+// next 32 as soon as the current ones come into use, and handed round by
+// shuffles; a step's padding slots (valid false) fetch nothing.
+template <int U, int DEPTH, typename Fetch, typename Consume>
+__device__ __forceinline__ void for_each_step_ahead(int64_t begin, int64_t end, const IndexView& indices,
+                                                    const uint32_t* __restrict__ hinted,
+                                                    const int64_t* __restrict__ slot_map, int lane, Fetch&& fetch,
+                                                    Consume&& consume) {
+  static_assert(kWarp % U == 0, "a step never straddles two batches of ids");
+  const int slots = static_cast<int>(end - begin);  // at most a tile or a light row: int
+  const int steps = (slots + U - 1) / U;
+  uint32_t ids, mapped, next_ids, next_mapped;  // the batch of 32 slots being fetched, and the one after it
+  auto read_batch = [&](int first, uint32_t& id, uint32_t& map) {
+    const int slot = first + lane;
+    // ids and the slot map are read once: evict-first loads (__ldcs), as the rings' rare rows
+    id = slot >= slots            ? 0u
+         : hinted != nullptr ? __ldcs(hinted + begin + slot)
+                             : static_cast<uint32_t>(indices[begin + slot]);
+    map = slot_map != nullptr && slot < slots ? static_cast<uint32_t>(__ldcs(slot_map + begin + slot)) : 0;
+  };
+  read_batch(0, ids, mapped);
+  read_batch(kWarp, next_ids, next_mapped);
+  auto fetch_step = [&](int step, int stage) {
+    if (step < steps) {
+      const int first = step * U;
+      const int in_batch = first & (kWarp - 1);
+      if (in_batch == 0 && first > 0) {
+        ids = next_ids;
+        mapped = next_mapped;
+        read_batch(first + kWarp, next_ids, next_mapped);
+      }
+      uint32_t word[U], map[U];
+      bool valid[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        valid[u] = first + u < slots;
+        const int from = valid[u] ? in_batch + u : in_batch;
+        word[u] = __shfl_sync(kFullMask, ids, from);
+        map[u] = slot_map != nullptr ? __shfl_sync(kFullMask, mapped, from) : 0;
+      }
+      NodeWord neighbour[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) neighbour[u] = NodeWord(word[u], hinted != nullptr);
+      fetch(stage, neighbour, map, valid);
+    }
+    copy_ahead_commit();
+  };
+#pragma unroll
+  for (int step = 0; step < DEPTH; ++step) fetch_step(step, step);
+  int stage = 0;
+  for (int step = 0; step < steps; ++step) {
+    copy_ahead_wait<DEPTH - 1>();
+    bool valid[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) valid[u] = step * U + u < slots;
+    consume(stage, valid, begin + step * U);
+    fetch_step(step + DEPTH, stage);
+    stage = stage + 1 == DEPTH ? 0 : stage + 1;
+  }
+}
+
+// The kernels' rings (edges per step, steps in flight, rows and extra
+// bytes per edge): 6-8 KB per fp32 warp, so 3 blocks of 8 warps (their
+// register bound) keep their rings in an SM's 227 KB of shared memory.
+template <typename T>
+using DotForwardRing = GatherRing<T, 2, 4, 2, 0>;  // key, value
+template <typename T>
+using DotSourceRing = GatherRing<T, 2, 3, 2, sizeof(float2)>;  // grad_out, query; (lse, delta)
+template <typename T>
+using DotTargetRing = GatherRing<T, 4, 3, 1, sizeof(float)>;  // key; s_e
+
+// Dot's forward: for each target row, keys and values gathered ahead, the
+// same arithmetic as forward_kernel's (online softmax, rescaling only where
+// the maximum grows), so both give the same numbers.
+template <typename scalar_t, int HEAD_LANES, typename Ring = DotForwardRing<scalar_t>, int BLOCKS = 3>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, BLOCKS) dot_forward_ahead_kernel(const Params<scalar_t> p) {
+  constexpr int U = Ring::kEdgesPerStep;
+  extern __shared__ __align__(16) char ring_memory[];
+  const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
+  const Lane<4> lane(geo);
+  const Ring ring(ring_memory, lane.lane);
+  const uint64_t evict_first = l2_evict_first_policy();
+  const bool writer = lane.head_ok && lane.in_head == 0;
+
+  for_each_item(p, lane.lane, [&](const WorkItem& item) {
+    Chunks<4> query, acc;
+    load_row<4>(p.dst_vec, item.row, geo, lane, query);
+    set_zero<4>(acc);
+    float run_max = -INFINITY, run_sum = 0.f;
+    for_each_step_ahead<U, Ring::kDepth>(
+        item.begin, item.end, p.indices, p.hinted, nullptr, lane.lane,
+        [&](int stage, const NodeWord(&source)[U], const uint32_t(&)[U], const bool(&valid)[U]) {
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            if (valid[u]) ring.fetch_pair(stage, u, p.key_src, p.msg_src, source[u], geo, lane, evict_first);
+        },
+        [&](int stage, const bool(&valid)[U], int64_t) {
+          float score[U];
+          float new_max = run_max;
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            Chunks<4> key;
+            ring.read(stage, u, 0, key);
+            score[u] = lane_sum<4, HEAD_LANES>(dot<4>(query, key), geo, lane) * p.scale;
+            if (valid[u]) new_max = fmaxf(new_max, score[u]);
+          }
+          if (new_max != run_max) {  // see forward_kernel
+            const float correction = softmax_exp(run_max - new_max);
+            run_sum *= correction;
+#pragma unroll
+            for (int v = 0; v < 4; ++v) acc[0][v] *= correction;
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+            Chunks<4> value;
+            ring.read(stage, u, 1, value);
+            const float weight = softmax_exp(score[u] - new_max);
+            run_sum += weight;
+            add_scaled<4>(acc, weight, value);
+          }
+          run_max = new_max;
+        });
+    finish_forward_item<4, scalar_t, true>(p, item, geo, lane, writer, run_max, run_sum, acc);
+  }, [&](int64_t row) { forward_empty_row<4, scalar_t, true>(p, row, geo, lane, writer); });
+}
+
+// Dot's source pass: for each source row, the gradients of its value and
+// key from its out-edges' targets (grad_out and query rows, and (lse,
+// delta)), gathered ahead; each edge's s_e written as backward_source_kernel
+// writes it, from the same arithmetic.
+template <typename scalar_t, int HEAD_LANES, typename Ring = DotSourceRing<scalar_t>, int BLOCKS = 3>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, BLOCKS) dot_source_ahead_kernel(const Params<scalar_t> p) {
+  constexpr int U = Ring::kEdgesPerStep;
+  extern __shared__ __align__(16) char ring_memory[];
+  const LaneGeometry geo = p.geo;
+  const Lane<4> lane(geo);
+  const Ring ring(ring_memory, lane.lane);
+  const uint64_t evict_first = l2_evict_first_policy();
+  const bool writer = lane.head_ok && lane.in_head == 0;
+  const int stats_head = lane.head_ok ? lane.head : 0;  // lanes past the heads read head 0's and ignore it
+
+  for_each_item(p, lane.lane, [&](const WorkItem& item) {
+    Chunks<4> value, key, value_grad, key_grad;
+    load_row<4>(p.msg_src, item.row, geo, lane, value);
+    load_row<4>(p.key_src, item.row, geo, lane, key);
+    set_zero<4>(value_grad);
+    set_zero<4>(key_grad);
+    for_each_step_ahead<U, Ring::kDepth>(
+        item.begin, item.end, p.indices, p.hinted, nullptr, lane.lane,
+        [&](int stage, const NodeWord(&target)[U], const uint32_t(&)[U], const bool(&valid)[U]) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+            ring.fetch_pair(stage, u, p.grad_out, p.dst_vec, target[u], geo, lane, evict_first);
+            const float* stats = p.row_stats + (static_cast<uint64_t>(target[u].id) * geo.heads + stats_head) * 2;
+            copy_ahead<sizeof(float2)>(ring.extra(stage, u), stats);
+          }
+        },
+        [&](int stage, const bool(&valid)[U], int64_t first_slot) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            Chunks<4> grad, query;
+            ring.read(stage, u, 0, grad);
+            ring.read(stage, u, 1, query);
+            const float2 lse_delta = *reinterpret_cast<const float2*>(ring.extra(stage, u));
+            const float score = lane_sum<4, HEAD_LANES>(dot<4>(query, key), geo, lane) * p.scale;
+            const float dp = lane_sum<4, HEAD_LANES>(dot<4>(grad, value), geo, lane);
+            if (!valid[u]) continue;
+            const float prob = softmax_exp(score - lse_delta.x);
+            const float score_grad = prob * (dp - lse_delta.y);
+            add_scaled<4>(value_grad, prob, grad);
+            add_scaled<4>(key_grad, score_grad * p.scale, query);
+            if (p.edge_grads && writer) __stcs(p.edge_grads + (first_slot + u) * geo.heads + lane.head, score_grad * p.scale);
+          }
+        });
+    if (item.partial < 0) {
+      store_row_at<4, scalar_t, true>(p.grad_vec + item.row * p.grad_vec_stride, lane, value_grad);
+      store_row<4, scalar_t, true>(p.grad_vec2, item.row, geo, lane, key_grad);
+    } else {
+      store_row<4>(p.part_vec, item.partial, geo, lane, value_grad);
+      store_row<4>(p.part_vec2, item.partial, geo, lane, key_grad);
+    }
+  }, [&](int64_t row) {
+    Chunks<4> zero;
+    set_zero<4>(zero);
+    store_row_at<4, scalar_t, true>(p.grad_vec + row * p.grad_vec_stride, lane, zero);
+    store_row<4, scalar_t, true>(p.grad_vec2, row, geo, lane, zero);
+  });
+}
+
+// Dot's target pass from the source pass's s_e: d query[t] = sum_e s_e key_s,
+// key rows and s_e gathered ahead (dot_target_from_edges_kernel's sums, in
+// the same order).
+template <typename scalar_t, typename Ring = DotTargetRing<scalar_t>, int BLOCKS = 3>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, BLOCKS) dot_target_ahead_kernel(const Params<scalar_t> p) {
+  constexpr int U = Ring::kEdgesPerStep;
+  extern __shared__ __align__(16) char ring_memory[];
+  const LaneGeometry geo = p.geo;
+  const Lane<4> lane(geo);
+  const Ring ring(ring_memory, lane.lane);
+  const uint64_t evict_first = l2_evict_first_policy();
+  const int grad_head = lane.head_ok ? lane.head : 0;
+
+  for_each_item(p, lane.lane, [&](const WorkItem& item) {
+    Chunks<4> sum;
+    set_zero<4>(sum);
+    for_each_step_ahead<U, Ring::kDepth>(
+        item.begin, item.end, p.indices, p.hinted, p.edge_grad_slot, lane.lane,
+        [&](int stage, const NodeWord(&source)[U], const uint32_t(&slot)[U], const bool(&valid)[U]) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+            ring.fetch(stage, u, 0, p.key_src, source[u], geo, lane, evict_first);
+            // each s_e is read once: evict-first always
+            copy_ahead<sizeof(float)>(ring.extra(stage, u),
+                                      p.edge_grads_in + static_cast<uint64_t>(slot[u]) * geo.heads + grad_head,
+                                      evict_first);
+          }
+        },
+        [&](int stage, const bool(&valid)[U], int64_t) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+            Chunks<4> key;
+            ring.read(stage, u, 0, key);
+            add_scaled<4>(sum, *reinterpret_cast<const float*>(ring.extra(stage, u)), key);
+          }
+        });
+    if (item.partial < 0) {
+      store_row<4, scalar_t, true>(p.grad_vec, item.row, geo, lane, sum);
+    } else {
+      store_row<4>(p.part_vec, item.partial, geo, lane, sum);
+    }
+  }, [&](int64_t row) {
+    Chunks<4> zero;
+    set_zero<4>(zero);
+    store_row<4, scalar_t, true>(p.grad_vec, row, geo, lane, zero);
+  });
+}
+
 // GAT's d alpha_dst with one work item per lane: a row's sum is a walk over
 // its slots, each a read of where its s_e lies (edge_grad_slot) and then of
 // its H values, so a warp per row would keep only one row's few loads in
@@ -2008,11 +2361,12 @@ void check_graph(const char* op, const at::Tensor& indices, const at::Tensor& ei
 // many as stay resident on the GPU (this kernel's occupancy), never more than
 // one item per warp. y: the head groups (heads wider than a warp's share).
 template <typename Kernel, typename scalar_t>
-dim3 resident_grid(Kernel kernel, const Params<scalar_t>& p) {
+dim3 resident_grid(Kernel kernel, const Params<scalar_t>& p, int shared_bytes = 0) {
   const int64_t items = p.schedule.num_tiles + p.num_busy_rows + (p.num_empty_rows + kWarp - 1) / kWarp;
   const int64_t needed = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
   int blocks_per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kWarpsPerBlock * kWarp, 0));
+  C10_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kWarpsPerBlock * kWarp, shared_bytes));
   const int head_groups = (p.geo.heads + p.geo.heads_per_warp - 1) / p.geo.heads_per_warp;
   const int64_t resident = static_cast<int64_t>(std::max(blocks_per_sm, 1)) *
                            at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -2020,13 +2374,40 @@ dim3 resident_grid(Kernel kernel, const Params<scalar_t>& p) {
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(head_groups));
 }
 
-// Launches a pass whose warps loop over the work items on resident_grid.
+// Launches a pass whose warps loop over the work items on resident_grid,
+// with shared_bytes of dynamic shared memory per block (the rings of the
+// passes that gather ahead; above 48 KB a kernel must ask for it).
 template <typename Kernel, typename scalar_t>
-void launch_resident(Kernel kernel, const Params<scalar_t>& p, cudaStream_t stream) {
-  const dim3 grid = resident_grid(kernel, p);
+void launch_resident(Kernel kernel, const Params<scalar_t>& p, cudaStream_t stream, int shared_bytes = 0) {
+  if (shared_bytes > 0)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  const dim3 grid = resident_grid(kernel, p, shared_bytes);
   if (grid.x == 0) return;
-  kernel<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(p);
+  kernel<<<grid, kWarpsPerBlock * kWarp, shared_bytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Whether Dot's passes may gather ahead (dot_forward_ahead_kernel and the
+// two backward ones): copy_ahead needs compute capability 8.0 for its
+// asynchronous copies (older GPUs would copy synchronously, no faster than
+// the passes that gather per step), and GNNIO_ATTENTION_AHEAD=0 turns them
+// off (to compare the two). Each caller adds its own conditions: the 4-wide
+// layout, no edge features, and for the forward and the source pass no dropout.
+bool gathers_ahead() {
+  const char* choice = std::getenv("GNNIO_ATTENTION_AHEAD");
+  if (choice != nullptr && std::string(choice) == "0") return false;
+  return at::cuda::getCurrentDeviceProperties()->major >= 8;
+}
+
+// A pass that gathers ahead, built for 32-channel heads (HEAD_LANES 8) where
+// the head is that wide (see fixed_head_lanes), else for any width.
+template <typename Ring, typename KernelFor8, typename KernelForAny, typename scalar_t>
+void launch_ahead(KernelFor8 for_8_lanes, KernelForAny for_any, const Params<scalar_t>& p, cudaStream_t stream) {
+  if (p.geo.lanes_per_head == 8) {
+    launch_resident(for_8_lanes, p, stream, Ring::kBlockBytes);
+  } else {
+    launch_resident(for_any, p, stream, Ring::kBlockBytes);
+  }
 }
 
 // Lanes per head of 32-channel heads (8 in the 4-wide layout, 4 in the
@@ -2076,6 +2457,18 @@ void launch_paired_forward(int64_t kind, const Params<scalar_t>& p, cudaStream_t
 // the GPU several times over, each with the same share of the edges.
 constexpr int64_t kSlotsPerScoreWarp = 64;
 
+// The hinted neighbour ids of a pass (Params::hinted), checked against its
+// indices: int32 [E] on their device, or none.
+const uint32_t* hinted_ids(const char* op, const c10::optional<at::Tensor>& hinted, const at::Tensor& indices) {
+  if (!hinted.has_value()) return nullptr;
+  const at::Tensor& h = *hinted;
+  GNNIO_ENSURE(h.is_cuda() && h.device() == indices.device() && h.scalar_type() == at::kInt && h.dim() == 1 &&
+                   h.is_contiguous() && h.numel() == indices.numel(),
+               op, ": hinted_indices must be a contiguous int32 tensor of ", indices.numel(), " entries on ",
+               indices.device(), ", got ", h.scalar_type(), " of shape ", h.sizes(), " on ", h.device());
+  return reinterpret_cast<const uint32_t*>(h.data_ptr<int32_t>());
+}
+
 // Both forward ops: the fused pass alone (slot_rows null), or the
 // edge-balanced score phase first and the fused pass reading its scores.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
@@ -2087,7 +2480,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor* slot_rows,
-    const c10::optional<at::Tensor>& bias) {
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& hinted_indices = c10::nullopt) {
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
       row_schedule(op, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
@@ -2125,6 +2518,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   const at::Tensor& bias_or_out = bias.has_value() ? *bias : out;  // alignment of each tensor read
   const int vec = slot_rows == nullptr ? forward_vector_width(f, {&out, &bias_or_out})
                                        : vector_width(f, {&out, &bias_or_out});
+  // Dot's forward gathers ahead in the 4-wide layout only: 16-bit rows keep the 8-wide one, whose two
+  // edge groups per warp ran faster (H100, rmat20, bf16 4 x 32: 1.97 against 2.09 ms ahead, run 118)
+  const bool dot_ahead = slot_rows == nullptr && kind == kDot && vec == 4 && !edge.has_value() &&
+                         dropout <= 0.0 && return_scores == 0 && gathers_ahead();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
@@ -2132,6 +2529,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
         make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     p.out = out.data_ptr<scalar_t>();
     p.out_bias = ptr_or_null<scalar_t>(bias);
+    p.hinted = hinted_ids(op, hinted_indices, indices);
     p.lse = lse.data_ptr<float>();
     p.scores = return_scores ? scores.data_ptr<float>() : nullptr;
     p.scores_after_dropout = return_scores == 2;
@@ -2140,6 +2538,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     p.part_acc = part_acc;
     if (vec == 8) {
       launch_paired_forward<scalar_t>(kind, p, stream);
+    } else if (dot_ahead) {
+      launch_ahead<DotForwardRing<scalar_t>>(dot_forward_ahead_kernel<scalar_t, 8>,
+                                             dot_forward_ahead_kernel<scalar_t, 0>, p, stream);
     } else GNNIO_ATTENTION_SWITCH(kind, vec, [&] {
       if (slot_rows == nullptr) {
         launch_forward<KIND, VEC, scalar_t>(p, stream);
@@ -2176,10 +2577,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
-    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const c10::optional<at::Tensor>& bias) {
+    double dropout, int64_t seed, int64_t offset, int64_t return_scores, const c10::optional<at::Tensor>& bias,
+    const c10::optional<at::Tensor>& hinted_indices) {
   return forward_impl(kForward, kind, indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr,
                       tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att,
-                      edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr, bias);
+                      edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr, bias,
+                      hinted_indices);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
@@ -2345,7 +2748,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
     const at::Tensor& lse, const at::Tensor& delta, double negative_slope, double scale, double dropout,
-    int64_t seed, int64_t offset, bool write_edge_grads, const c10::optional<at::Tensor>& packed_grads) {
+    int64_t seed, int64_t offset, bool write_edge_grads, const c10::optional<at::Tensor>& packed_grads,
+    const c10::optional<at::Tensor>& hinted_indices) {
   const char* op = kBackwardSource;
   const int64_t num_src = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
@@ -2398,6 +2802,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
         make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     if (packed_width > 0) p.grad_vec_stride = p.grad_scalar_stride = packed_width;
     p.grad_out = grad_out.data_ptr<scalar_t>();
+    p.hinted = hinted_ids(op, hinted_indices, indices);
     p.row_stats = row_stats.data_ptr<float>();
     p.stats_width = static_cast<int>(row_stats.size(2));
     p.grad_vec = grad_msg.data_ptr<scalar_t>();
@@ -2408,7 +2813,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     p.part_vec = part_vec.data_ptr<float>();
     p.part_vec2 = part_vec2.data_ptr<float>();
     p.part_scalar = part_scalar.data_ptr<float>();
-    GNNIO_ATTENTION_SWITCH(kind, vec, [&] { launch_resident(backward_source_kernel<KIND, VEC, scalar_t>, p, stream); });
+    if (kind == kDot && vec == 4 && p.edge == nullptr && p.dropout.p <= 0.f && gathers_ahead()) {
+      launch_ahead<DotSourceRing<scalar_t>>(dot_source_ahead_kernel<scalar_t, 8>, dot_source_ahead_kernel<scalar_t, 0>,
+                                            p, stream);
+    } else {
+      GNNIO_ATTENTION_SWITCH(kind, vec, [&] { launch_resident(backward_source_kernel<KIND, VEC, scalar_t>, p, stream); });
+    }
     sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg);
     if (has_key) sum_tiles(schedule, f.heads * f.channels, part_vec2, grad_key);
     if (kind == kGat) sum_tiles(schedule, f.heads, part_scalar, grad_scalar);
@@ -2436,7 +2846,8 @@ at::Tensor attention_backward_target_from_edges(
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& edge_grads,
-    const at::Tensor& edge_grad_slots, const c10::optional<at::Tensor>& packed_grads) {
+    const at::Tensor& edge_grad_slots, const c10::optional<at::Tensor>& packed_grads,
+    const c10::optional<at::Tensor>& hinted_indices) {
   const char* op = kBackwardTargetFromEdges;
   GNNIO_ENSURE(kind == kGat || kind == kDot, op, ": kind must be 0 (GAT) or 2 (dot), got ", kind);
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
@@ -2463,6 +2874,7 @@ at::Tensor attention_backward_target_from_edges(
     Params<scalar_t> p = make_params<scalar_t>(f, schedule, order, indices, eid, vec, 0.0, 1.0, 0.0, 0, 0);
     p.edge_grads_in = edge_grads.data_ptr<float>();
     p.edge_grad_slot = edge_grad_slots.data_ptr<int64_t>();
+    p.hinted = hinted_ids(op, hinted_indices, indices);
     p.grad_vec = kind == kDot ? grad_dst.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_dst.data_ptr<scalar_t>() : nullptr;
     if (packed_width > 0) p.grad_scalar_stride = packed_width;
@@ -2477,7 +2889,11 @@ at::Tensor attention_backward_target_from_edges(
       if (items > 0 && !four_heads) gat_target_sums_kernel<scalar_t, 1><<<blocks, threads, 0, stream>>>(p);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    if (kind == kDot && vec == 4) launch_resident(dot_target_from_edges_kernel<4, scalar_t>, p, stream);
+    if (kind == kDot && vec == 4 && p.edge == nullptr && gathers_ahead()) {
+      launch_resident(dot_target_ahead_kernel<scalar_t>, p, stream, DotTargetRing<scalar_t>::kBlockBytes);
+    } else if (kind == kDot && vec == 4) {
+      launch_resident(dot_target_from_edges_kernel<4, scalar_t>, p, stream);
+    }
     if (kind == kDot && vec == 1) launch_resident(dot_target_from_edges_kernel<1, scalar_t>, p, stream);
     sum_tiles(schedule, f.heads * per_head, partial, grad_dst);
   });
@@ -2606,7 +3022,11 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 // most tile_edges slots) each with its first and end slot, the
 // num_busy_rows non-empty ones first by descending length, then the empty
 // ones (gnnio_cli/ops/attention_native.py builds it once per graph).
-// Per-edge tensors are in eid order.
+// Per-edge tensors are in eid order. hinted_indices (forward, source pass,
+// target pass from edges; optional): the pass's indices as int32 with bit 31
+// set where the neighbour's rows are rarely read; Dot's passes that gather
+// ahead then give those rows L2's evict-first policy (attention_native.py's
+// hinted_indices builds them). Results do not depend on them.
 //   msg_src [Ns, H, C]: x_src (GAT, GATv2, cosine) or value (dot)
 //   key_src [Ns, H, C]: key (dot);  dst_vec [Nd, H, C]: x_dst (GATv2, cosine) or query (dot)
 //   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT);
@@ -2656,7 +3076,7 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def("attention_forward(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores, "
-        "Tensor? bias=None) -> (Tensor, Tensor, Tensor)");
+        "Tensor? bias=None, Tensor? hinted_indices=None) -> (Tensor, Tensor, Tensor)");
   m.def("attention_forward_edge_balanced(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores, "
         "Tensor slot_rows, Tensor? bias=None) -> (Tensor, Tensor, Tensor)");
@@ -2665,9 +3085,11 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_source(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "Tensor grad_out, Tensor lse, Tensor delta, float negative_slope, float scale, float dropout, int seed, "
-        "int offset, bool write_edge_grads, Tensor? packed_grads=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int offset, bool write_edge_grads, Tensor? packed_grads=None, Tensor? hinted_indices=None) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("attention_backward_target_from_edges(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
-        "Tensor edge_grads, Tensor edge_grad_slots, Tensor? packed_grads=None) -> Tensor");
+        "Tensor edge_grads, Tensor edge_grad_slots, Tensor? packed_grads=None, Tensor? hinted_indices=None) "
+        "-> Tensor");
   m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
   m.def("attention_row_norms(Tensor x) -> Tensor");
   m.def("attention_row_dots(Tensor a, Tensor b, Tensor? offset=None, Tensor? lse=None, bool column_sums=False) "

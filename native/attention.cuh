@@ -96,6 +96,20 @@ __device__ __forceinline__ void store_f32(T* __restrict__ p, const float (&in)[V
   }
 }
 
+// Four elements of T from fp32, stored with the evict-first cache policy
+// (st.global.cs): see store_row_at's STREAMING.
+template <typename T>
+__device__ __forceinline__ void store_streaming(T* __restrict__ p, const float (&in)[4]) {
+  Vec<T, 4> v;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v.v[i] = static_cast<T>(in[i]);
+  if constexpr (sizeof(v) == 16) {
+    __stcs(reinterpret_cast<float4*>(p), *reinterpret_cast<const float4*>(&v));
+  } else {
+    __stcs(reinterpret_cast<float2*>(p), *reinterpret_cast<const float2*>(&v));
+  }
+}
+
 // Sum over the `lanes` lanes of one head (aligned power-of-two groups).
 // Every step's shuffle runs on the whole warp and the steps at or beyond the
 // head's width are dropped by a select (never multiplied away, so another
@@ -125,6 +139,76 @@ __device__ __forceinline__ float softmax_exp(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
   return y;
+}
+
+// --------------------------------------------------- copies ahead of use
+// cp.async (compute capability 8.0+): BYTES (4, 8 or 16) of global memory
+// into shared memory without passing through registers, one commit group
+// per copy_ahead_commit, completed by copy_ahead_wait<PENDING> (at most
+// PENDING of this thread's groups still in flight). Each thread reads back
+// only what it copied itself, so no barrier is needed. The "memory"
+// clobbers keep the compiler from moving reads of the copied data above the
+// wait, or reads of a buffer below the copy that refills it. Older GPUs
+// copy synchronously.
+template <int BYTES>
+__device__ __forceinline__ void copy_ahead(void* shared, const void* global) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(address), "l"(global), "n"(BYTES) : "memory");
+  }
+#else
+  struct alignas(BYTES) Bytes {
+    unsigned char b[BYTES];
+  };
+  *static_cast<Bytes*>(shared) = *static_cast<const Bytes*>(global);
+#endif
+}
+
+// copy_ahead with an L2 eviction policy (l2_evict_first_policy): the pass
+// marks the rows it will hardly read again, so that L2 evicts them before
+// the rows it keeps coming back to.
+template <int BYTES>
+__device__ __forceinline__ void copy_ahead(void* shared, const void* global, uint64_t policy) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global),
+                 "l"(policy)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %3;\n" ::"r"(address), "l"(global),
+                 "n"(BYTES), "l"(policy)
+                 : "memory");
+  }
+#else
+  copy_ahead<BYTES>(shared, global);
+#endif
+}
+
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  return policy;
+}
+
+__device__ __forceinline__ void copy_ahead_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int PENDING>
+__device__ __forceinline__ void copy_ahead_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+#endif
 }
 
 // x rounded to T and back to fp32 (x itself for fp32): GATv2's 16-bit score

@@ -204,8 +204,10 @@ class FakeCosineKernels:
         return beta * cosine, cosine
 
     def attention_forward(self, *args):
-        (dst, src), (x_src, u_dst, n_src, beta), (_slope, scale, dropout, _seed, _offset, return_scores, bias) = self._split(args)
+        (dst, src), (x_src, u_dst, n_src, beta), rest = self._split(args)
+        _slope, scale, dropout, _seed, _offset, return_scores, bias, hinted_indices = rest
         assert dropout == 0.0 and bias is None  # AGNN has no output bias
+        assert hinted_indices is None  # L2 hints are the dot product's alone
         score, _ = self._scores(x_src, u_dst, n_src, beta, scale, src, dst)
         prob, lse = softmax_by_target(score, dst, u_dst.shape[0])
         out = scatter_rows(dst, prob.unsqueeze(-1) * x_src[src], u_dst.shape[0])

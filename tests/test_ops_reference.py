@@ -19,6 +19,7 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.ops import (
     aggregate,
     agnn_attention,
+    attention_native,
     dispatch,
     gat_attention,
     gatv2_attention,
@@ -649,3 +650,21 @@ def test_kernel_choice_forced_single_and_cached(monkeypatch):
     monkeypatch.delenv("GNNIO_TEST_KERNEL")
     assert choose(("c",)) == "c"
     assert choose(("a", "b"), chosen={"k": "b"}) == "b"
+
+
+# ------------------------------------- the attention passes' L2 hints (attention_native.mark_rarely_read)
+@pytest.mark.parametrize("hot", [0, 1, 3, 50])
+def test_mark_rarely_read_keeps_the_most_read_nodes(hot):
+    # node 4 is named by 5 slots, node 1 by 3, node 2 by 2, the rest by one or none
+    indices = torch.tensor([4, 1, 4, 2, 4, 1, 0, 4, 2, 1, 4, 5], dtype=torch.int64)
+    marked = attention_native.mark_rarely_read(indices, 7, hot)
+    assert marked.dtype == torch.int32 and marked.shape == indices.shape
+    rare = marked < 0  # bit 31
+    assert torch.equal(marked & 0x7FFFFFFF, indices.to(torch.int32))  # the ids themselves are kept
+    most_read = [4, 1, 2][: min(hot, 3)]
+    for slot, node in enumerate(indices.tolist()):
+        if node in most_read or hot >= 7:
+            assert not rare[slot], (hot, slot, node)
+        elif hot <= 3:
+            assert rare[slot], (hot, slot, node)
+    assert int((~rare).sum()) >= sum(int((indices == n).sum()) for n in most_read)

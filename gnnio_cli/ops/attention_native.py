@@ -32,6 +32,7 @@ attention weights carry no gradient.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,6 +74,11 @@ MAX_TILES_PER_ROW = 1024
 # 3.10 ms, AGNN 4.92 vs 3.90; rmat20 with a 2,000,000 in-degree target GATv2
 # 6.86 vs 4.95, Transformer 7.16 vs 6.26).
 EDGE_BALANCED = "edge-balanced"
+
+# The share of L2 that the rows of a pass's most-read neighbours may fill
+# (hinted_indices: the Transformer's passes give every other row L2's
+# evict-first policy); the rest is left to the rows and streams in flight.
+HOT_L2_SHARE = 0.6
 
 
 def supports(*tensors: Optional[torch.Tensor], channels: Optional[int] = None, return_attention: bool = False) -> bool:
@@ -223,6 +229,52 @@ def edge_grad_slots(graph: Graph) -> torch.Tensor:
     return graph.cached(("attention_edge_grad_slots",), build)
 
 
+def hot_l2_share() -> float:
+    """The share of L2 that a pass's most-read rows may fill (hinted_indices): $GNNIO_ATTENTION_HOT_SHARE,
+    default HOT_L2_SHARE; 0 turns the hints off."""
+    text = os.environ.get("GNNIO_ATTENTION_HOT_SHARE")
+    if text is None:
+        return HOT_L2_SHARE
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share <= 1.0:
+        raise GnnioError(f"GNNIO_ATTENTION_HOT_SHARE must be a number from 0 to 1, got {text!r}")
+    return share
+
+
+def hinted_indices(graph: Graph, side: str, row_bytes: int) -> Optional[torch.Tensor]:
+    """int32 [E]: the 'csr' or 'csc' neighbour ids with bit 31 set where the neighbour is rarely read, or None.
+
+    A pass reads a neighbour's rows once per slot that names it. The nodes read most, as many as have rows
+    (`row_bytes` each, every row the pass gathers per edge) to fill hot_l2_share() of the device's L2,
+    keep bit 31 clear; the kernels that gather ahead copy every other node's rows with L2's evict-first
+    policy, so the rows read most stay in L2. None where ids need all 32 bits, off the GPU, or with the
+    share 0. Cached on the graph per side and hot-node count.
+    """
+    indices = graph.csr_indices if side == "csr" else graph.csc_indices
+    nodes = graph.num_src_nodes if side == "csr" else graph.num_dst_nodes
+    share = hot_l2_share()
+    if share <= 0.0 or nodes >= 2**31 or indices.numel() == 0 or not indices.is_cuda:
+        return None
+    l2_bytes = torch.cuda.get_device_properties(indices.device).L2_cache_size
+    hot = min(nodes, int(share * l2_bytes) // max(row_bytes, 1))
+
+    return graph.cached(("attention_hinted_indices", side, hot), lambda: mark_rarely_read(indices, nodes, hot))
+
+
+def mark_rarely_read(indices: torch.Tensor, nodes: int, hot: int) -> torch.Tensor:
+    """int32 copy of `indices` (ids below 2^31) with bit 31 set on every slot whose node is not among the
+    `hot` nodes that the most slots name (ties broken by torch.topk)."""
+    reads = torch.bincount(indices, minlength=nodes)
+    rare = torch.ones(nodes, dtype=torch.bool, device=indices.device)
+    if hot > 0:
+        rare[torch.topk(reads, min(hot, nodes), sorted=False).indices] = False
+    ids = indices.to(torch.int32)
+    return torch.where(rare[indices], ids | torch.iinfo(torch.int32).min, ids)
+
+
 def row_schedule(graph: Graph, side: str, tile_edges: Optional[int] = None) -> RowSchedule:
     """The cached schedule of the graph's 'csr' (target rows) or 'csc' (source rows); tile_edges None = chosen."""
     indptr = graph.csr_indptr if side == "csr" else graph.csc_indptr
@@ -259,6 +311,11 @@ class _Call:
     # GAT: return the gradients of x_src, alpha_src and alpha_dst as views of one [N, H*C + 2H]
     # tensor (see _FusedAttention.backward); needs as many sources as targets
     pack_gradients: bool = False
+    # DOT: the indices with the rarely read neighbours marked (hinted_indices) for the forward (CSR), the
+    # source pass (CSC) and the target pass (CSR, rows of one tensor)
+    hinted_csr: Optional[torch.Tensor] = None
+    hinted_csc: Optional[torch.Tensor] = None
+    hinted_target: Optional[torch.Tensor] = None
 
     @property
     def schedule_name(self) -> str:
@@ -268,7 +325,7 @@ class _Call:
         """(out, lse, scores) of the forward op this call's schedule names; out + bias [H, C] when given."""
         if self.slot_rows is None:
             return torch.ops.gnnio.attention_forward(
-                self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, bias
+                self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, bias, self.hinted_csr
             )
         return torch.ops.gnnio.attention_forward_edge_balanced(
             self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, self.slot_rows, bias
@@ -346,10 +403,12 @@ class _FusedAttention(torch.autograd.Function):
                 rows, heads, channels = tensors[0].shape
                 packed = grad_out.new_empty(rows, heads * channels + 2 * heads)
             grad_msg, grad_key, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, lse, row_stats, *call.score_args(), True, packed
+                call.kind, *call.csc_args(), *tensors, grad_out, lse, row_stats, *call.score_args(), True, packed,
+                call.hinted_csc,
             )
             grad_dst = torch.ops.gnnio.attention_backward_target_from_edges(
-                call.kind, *call.csr_args(), *tensors, edge_grads, edge_grad_slots(call.graph), packed
+                call.kind, *call.csr_args(), *tensors, edge_grads, edge_grad_slots(call.graph), packed,
+                call.hinted_target,
             )
             grad_att = None
         else:
@@ -357,7 +416,8 @@ class _FusedAttention(torch.autograd.Function):
                 call.kind, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
             )
             grad_msg, grad_key, grad_src_scalar, grad_edge, _ = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(), False
+                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(), False, None,
+                call.hinted_csc,
             )
         has_edge = tensors[6] is not None
         if call.kind == GAT:
@@ -387,9 +447,10 @@ def _make_call(
     return_attention: bool,
     weights_after_dropout: bool,
     pack_gradients: bool = False,
+    row_bytes: int = 0,
 ) -> _Call:
     """The schedules, dropout seed and flags of one fused call (dropout 0 outside training; pack_gradients
-    only for GAT with as many sources as targets)."""
+    only for GAT with as many sources as targets; DOT's hinted indices for rows of `row_bytes`)."""
     forced = getattr(_forced, "schedule", None)
     tile_edges = forced if isinstance(forced, int) else None
     edge_balanced = forced == EDGE_BALANCED
@@ -402,8 +463,14 @@ def _make_call(
     return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
     csr_order, csc_order = row_order(graph, "csr", csr), row_order(graph, "csc", csc)
     pack_gradients = pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes
+    # DOT's passes gather two rows per edge (forward: key and value; source pass: grad_out and query), its
+    # target pass one (key)
+    dot = kind == DOT
     return _Call(kind, graph, csr, csc, csr_order, csc_order, float(negative_slope), float(scale), dropout, seed,
-                 offset, return_scores, slot_rows(graph) if edge_balanced else None, pack_gradients)
+                 offset, return_scores, slot_rows(graph) if edge_balanced else None, pack_gradients,
+                 hinted_indices(graph, "csr", 2 * row_bytes) if dot else None,
+                 hinted_indices(graph, "csc", 2 * row_bytes) if dot else None,
+                 hinted_indices(graph, "csr", row_bytes) if dot else None)
 
 
 def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: torch.Tensor, return_attention: bool):
@@ -420,7 +487,9 @@ def _run(op: str, kind: int, graph: Graph, tensors: tuple, bias: Optional[torch.
     (out, alpha [E, H] in eid order)."""
     tensors = tuple(None if t is None else t.contiguous() for t in tensors)
     bias = None if bias is None else bias.contiguous()
-    call = _make_call(kind, graph, tensors[0].shape[1], tensors[0].device, **call_options)
+    rows = tensors[0]  # msg_src [N, H, C]
+    row_bytes = rows.shape[1] * rows.shape[2] * rows.element_size()
+    call = _make_call(kind, graph, rows.shape[1], rows.device, row_bytes=row_bytes, **call_options)
     out, lse, scores = _FusedAttention.apply(call, *tensors, bias)
     return _finish(op, call, out, lse, scores, call_options["return_attention"])
 
