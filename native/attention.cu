@@ -1719,8 +1719,9 @@ using DotTargetRing = GatherRing<T, 4, 3, 1, sizeof(float)>;  // key; s_e
 // Dot's forward: for each target row, keys and values gathered ahead, the
 // same arithmetic as forward_kernel's (online softmax, rescaling only where
 // the maximum grows), so both give the same numbers.
-template <typename scalar_t, int HEAD_LANES, typename Ring = DotForwardRing<scalar_t>, int BLOCKS = 3>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, BLOCKS) dot_forward_ahead_kernel(const Params<scalar_t> p) {
+template <typename scalar_t, int HEAD_LANES>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_forward_ahead_kernel(const Params<scalar_t> p) {
+  using Ring = DotForwardRing<scalar_t>;
   constexpr int U = Ring::kEdgesPerStep;
   extern __shared__ __align__(16) char ring_memory[];
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
@@ -1776,8 +1777,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, BLOCKS) dot_forward_ahe
 // key from its out-edges' targets (grad_out and query rows, and (lse,
 // delta)), gathered ahead; each edge's s_e written as backward_source_kernel
 // writes it, from the same arithmetic.
-template <typename scalar_t, int HEAD_LANES, typename Ring = DotSourceRing<scalar_t>, int BLOCKS = 3>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, BLOCKS) dot_source_ahead_kernel(const Params<scalar_t> p) {
+template <typename scalar_t, int HEAD_LANES>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_source_ahead_kernel(const Params<scalar_t> p) {
+  using Ring = DotSourceRing<scalar_t>;
   constexpr int U = Ring::kEdgesPerStep;
   extern __shared__ __align__(16) char ring_memory[];
   const LaneGeometry geo = p.geo;
@@ -1839,8 +1841,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, BLOCKS) dot_source_ahea
 // Dot's target pass from the source pass's s_e: d query[t] = sum_e s_e key_s,
 // key rows and s_e gathered ahead (dot_target_from_edges_kernel's sums, in
 // the same order).
-template <typename scalar_t, typename Ring = DotTargetRing<scalar_t>, int BLOCKS = 3>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, BLOCKS) dot_target_ahead_kernel(const Params<scalar_t> p) {
+template <typename scalar_t>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_target_ahead_kernel(const Params<scalar_t> p) {
+  using Ring = DotTargetRing<scalar_t>;
   constexpr int U = Ring::kEdgesPerStep;
   extern __shared__ __align__(16) char ring_memory[];
   const LaneGeometry geo = p.geo;
