@@ -101,7 +101,8 @@ struct Params {
   Dropout dropout;
 
   // forward outputs
-  const scalar_t* out_bias;  // [H, C] added to every output row (a layer's output bias), or null
+  const scalar_t* out_bias;      // [H, C] added to every output row (a layer's output bias), or null
+  const scalar_t* out_residual;  // [Nd, H, C] added row by row (a layer's skip connection), or null
   scalar_t* out;
   float* lse;
   float* scores;              // [E, H] raw scores in eid order, or null
@@ -201,13 +202,15 @@ struct Gathered {
 
 // Loads need no branch, so the compiler can issue all of a step's loads back
 // to back. The padding slots of a step read a real row (for_each_step) whose
-// values the caller ignores.
-template <int VEC, typename T>
+// values the caller ignores. ONCE: a row the kernel reads once (a target's own
+// row, a residual), loaded evict-first (load_vec_once).
+template <int VEC, typename T, bool ONCE = false>
 __device__ __forceinline__ void gather_row(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                            const Lane<VEC>& lane, Gathered<VEC, T>& x) {
   const T* row = row_start(base, node, geo);
 #pragma unroll
-  for (int k = 0; k < Layout<VEC>::kChunks; ++k) x.chunk[k] = load_vec<T, VEC>(row + lane.offset[k]);
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+    x.chunk[k] = ONCE ? load_vec_once<T, VEC>(row + lane.offset[k]) : load_vec<T, VEC>(row + lane.offset[k]);
 }
 
 // A gathered row as fp32. Chunks past the head's channels read the row's
@@ -231,11 +234,11 @@ __device__ __forceinline__ void unpack(const Gathered<VEC, T>& x, const Lane<VEC
 }
 
 // This lane's chunks of row `node` as fp32 (gather_row, then unpack).
-template <int VEC, typename T>
+template <int VEC, typename T, bool ONCE = false>
 __device__ __forceinline__ void load_row(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                          const Lane<VEC>& lane, Chunks<VEC>& x) {
   Gathered<VEC, T> gathered;
-  gather_row<VEC>(base, node, geo, lane, gathered);
+  gather_row<VEC, T, ONCE>(base, node, geo, lane, gathered);
   unpack<VEC>(gathered, lane, x);
 }
 
@@ -509,20 +512,38 @@ __device__ __forceinline__ void for_each_step(int64_t begin, int64_t end, const 
 // the k-th items of all warps are about equally long and every warp ends at
 // about the same time; a warp never waits for its block's slowest warp.
 // Calls row(item) for tiles and rows, empty(row) for each empty row.
-template <typename scalar_t, typename Row, typename Empty>
+// BOUNDS_AHEAD: a light row's id and bounds are loaded while the warp works
+// on the item before it, so the row's own first loads (its ids, its query)
+// go out at once; most of rmat20's rows have one or two in-edges, and each
+// waits for a chain of dependent loads (the passes that gather ahead).
+template <bool BOUNDS_AHEAD = false, typename scalar_t, typename Row, typename Empty>
 __device__ __forceinline__ void for_each_item(const Params<scalar_t>& p, int lane, Row&& row, Empty&& empty) {
   const RowSchedule& s = p.schedule;
   const int64_t rows_end = s.num_tiles + p.num_busy_rows;
   const int64_t items = rows_end + (p.num_empty_rows + kWarp - 1) / kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  // the row's id and bounds in one round of loads, not its id and then indptr
+  auto load_bounds = [&](int64_t index, int64_t (&bounds)[3]) {
+    if (index < s.num_tiles || index >= rows_end) return;
+    const int64_t* from = p.row_bounds + 3 * (index - s.num_tiles);
+#pragma unroll
+    for (int i = 0; i < 3; ++i) bounds[i] = from[i];
+  };
+  int64_t next_bounds[3] = {0, 0, 0};
+  if constexpr (BOUNDS_AHEAD) load_bounds(warp_index(), next_bounds);
   for (int64_t index = warp_index(); index < items; index += warps) {
+    int64_t bounds[3] = {0, 0, 0};
+    if constexpr (BOUNDS_AHEAD) {
+#pragma unroll
+      for (int i = 0; i < 3; ++i) bounds[i] = next_bounds[i];
+      load_bounds(index + warps, next_bounds);
+    }
     WorkItem item;
     if (index < s.num_tiles) {
       tile_item(s, index, item);
       row(item);
     } else if (index < rows_end) {
-      // the row's id and bounds in one round of loads, not its id and then indptr
-      const int64_t* bounds = p.row_bounds + 3 * (index - s.num_tiles);
+      if constexpr (!BOUNDS_AHEAD) load_bounds(index, bounds);
       item.row = bounds[0];
       item.row_begin = item.begin = bounds[1];
       item.end = bounds[2];
@@ -631,16 +652,35 @@ __device__ __forceinline__ void merge_groups(float& run_max, float& run_sum, Chu
   run_max = row_max;
 }
 
-// out += bias (the layer's output bias, [H, C]) before a row's store, when
-// given: one fewer pass over the output than adding it afterwards. Read at
-// each store (an L1 hit), not held in registers for the whole pass.
-template <int VEC, typename scalar_t>
-__device__ __forceinline__ void add_out_bias(const scalar_t* bias, const LaneGeometry& geo, const Lane<VEC>& lane,
-                                             Chunks<VEC>& row) {
-  if (bias == nullptr) return;
+// out += bias (the layer's output bias, [H, C]) and the row's residual (a
+// layer's skip connection, [Nd, H, C]) before a row's store, where given:
+// one fewer pass over the output than adding them afterwards (TransformerConv
+// on rmat20: `out + skip` read 1 GiB and wrote 512 MiB per step). The bias is
+// read at each store (an L1 hit), not held in registers for the whole pass.
+// A row's residual loaded ahead of its store: dot_forward_ahead_kernel loads
+// it with the row's query, so that its latency is not paid again at the end
+// (H100, rmat20 4 x 32: loaded at the store, the residual added 0.25 ms).
+template <int VEC>
+struct LoadedResidual {
   Chunks<VEC> values;
-  load_row<VEC>(bias, 0, geo, lane, values);
-  add_to<VEC>(row, values);
+  bool loaded = false;
+};
+
+template <int VEC, typename scalar_t>
+__device__ __forceinline__ void add_out_extras(const Params<scalar_t>& p, int64_t row, const LaneGeometry& geo,
+                                               const Lane<VEC>& lane, Chunks<VEC>& acc,
+                                               const LoadedResidual<VEC>& residual = {}) {
+  Chunks<VEC> values;
+  if (p.out_bias != nullptr) {
+    load_row<VEC>(p.out_bias, 0, geo, lane, values);
+    add_to<VEC>(acc, values);
+  }
+  if (residual.loaded) {
+    add_to<VEC>(acc, residual.values);
+  } else if (p.out_residual != nullptr) {
+    load_row<VEC, scalar_t, true>(p.out_residual, row, geo, lane, values);
+    add_to<VEC>(acc, values);
+  }
 }
 
 // ------------------------------------- packed 16-bit forward scores (MMA)
@@ -729,11 +769,11 @@ __device__ __forceinline__ void words_of(const Vec<T, 8>& chunk, uint32_t (&word
 }
 
 // This lane's 8-wide chunk of row `node` as words.
-template <typename T>
+template <typename T, bool ONCE = false>
 __device__ __forceinline__ void gather_words(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                              const Lane<8>& lane, uint32_t (&words)[4]) {
   Gathered<8, T> chunk;
-  gather_row<8>(base, node, geo, lane, chunk);
+  gather_row<8, T, ONCE>(base, node, geo, lane, chunk);
   words_of<T>(chunk.chunk[0], words);
 }
 
@@ -814,14 +854,15 @@ __device__ __forceinline__ void packed_gatv2_scores(float slope_f32, const Gathe
 template <int VEC, typename scalar_t, bool STREAMING = false>
 __device__ __forceinline__ void finish_forward_item(const Params<scalar_t>& p, const WorkItem& item,
                                                     const LaneGeometry& geo, const Lane<VEC>& lane, bool writer,
-                                                    float run_max, float run_sum, Chunks<VEC>& acc) {
+                                                    float run_max, float run_sum, Chunks<VEC>& acc,
+                                                    const LoadedResidual<VEC>& residual = {}) {
   if (item.partial < 0) {
     const float inverse = run_sum > 0.f ? 1.f / run_sum : 0.f;
 #pragma unroll
     for (int k = 0; k < Layout<VEC>::kChunks; ++k)
 #pragma unroll
       for (int v = 0; v < VEC; ++v) acc[k][v] *= inverse;
-    add_out_bias<VEC>(p.out_bias, geo, lane, acc);
+    add_out_extras<VEC>(p, item.row, geo, lane, acc, residual);
     store_row<VEC, scalar_t, STREAMING>(p.out, item.row, geo, lane, acc);
     if (writer) p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
   } else {
@@ -833,13 +874,13 @@ __device__ __forceinline__ void finish_forward_item(const Params<scalar_t>& p, c
   }
 }
 
-// A row with no in-edges: the output bias (or zeros) and lse 0.
+// A row with no in-edges: the output bias and residual (or zeros) and lse 0.
 template <int VEC, typename scalar_t, bool STREAMING = false>
 __device__ __forceinline__ void forward_empty_row(const Params<scalar_t>& p, int64_t row, const LaneGeometry& geo,
                                                   const Lane<VEC>& lane, bool writer) {
   Chunks<VEC> zero;
   set_zero<VEC>(zero);
-  add_out_bias<VEC>(p.out_bias, geo, lane, zero);
+  add_out_extras<VEC>(p, row, geo, lane, zero);
   store_row<VEC, scalar_t, STREAMING>(p.out, row, geo, lane, zero);
   if (writer) p.lse[row * geo.heads + lane.head] = 0.f;
 }
@@ -881,10 +922,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
     uint32_t target_words[4];
     float alpha_dst = 0.f, target_inverse_norm = 1.f;
     if constexpr (kPacked) {
-      gather_words<scalar_t>(p.dst_vec, item.row, geo, lane, target_words);
+      gather_words<scalar_t, true>(p.dst_vec, item.row, geo, lane, target_words);
       if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
     } else if constexpr (!PRECOMPUTED) {
-      if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, item.row, geo, lane, target);
+      if constexpr (KIND != kGat) load_row<VEC, scalar_t, true>(p.dst_vec, item.row, geo, lane, target);
       if constexpr (KIND == kGat) alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
       if constexpr (KIND == kCosine) target_inverse_norm = inverse_norm_of<VEC>(p.dst_norm, item.row, geo, lane);
     }
@@ -1049,7 +1090,8 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(256, 4)
     merge_tiles_kernel(const RowSchedule s, int heads, int channels, const float* __restrict__ part_max,
                        const float* __restrict__ part_sum, const float* __restrict__ part_acc,
-                       const scalar_t* __restrict__ bias, scalar_t* __restrict__ out, float* __restrict__ lse) {
+                       const scalar_t* __restrict__ bias, const scalar_t* __restrict__ residual,
+                       scalar_t* __restrict__ out, float* __restrict__ lse) {
   const int64_t row = s.heavy_rows[blockIdx.x];
   const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
   const int64_t width = static_cast<int64_t>(heads) * channels;
@@ -1074,8 +1116,10 @@ __global__ void __launch_bounds__(256, 4)
           acc = acc * kept + tile.acc * factor;
           row_max = new_max;
         });
-    const float value = sum > 0.f ? acc / sum : 0.f;
-    out[row * width + f] = static_cast<scalar_t>(bias != nullptr ? value + static_cast<float>(bias[f]) : value);
+    float value = sum > 0.f ? acc / sum : 0.f;
+    if (bias != nullptr) value += static_cast<float>(bias[f]);
+    if (residual != nullptr) value += static_cast<float>(residual[row * width + f]);
+    out[row * width + f] = static_cast<scalar_t>(value);
     if (f % channels == 0) lse[row * heads + head] = sum > 0.f ? row_max + logf(sum) : 0.f;
   }
 }
@@ -1730,9 +1774,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_forward_ahead_ke
   const uint64_t evict_first = l2_evict_first_policy();
   const bool writer = lane.head_ok && lane.in_head == 0;
 
-  for_each_item(p, lane.lane, [&](const WorkItem& item) {
+  for_each_item<true>(p, lane.lane, [&](const WorkItem& item) {
     Chunks<4> query, acc;
-    load_row<4>(p.dst_vec, item.row, geo, lane, query);
+    load_row<4, scalar_t, true>(p.dst_vec, item.row, geo, lane, query);
+    // a light row's residual comes in the same round of loads as its query (see LoadedResidual)
+    LoadedResidual<4> residual;
+    residual.loaded = p.out_residual != nullptr && item.partial < 0;
+    if (residual.loaded) load_row<4, scalar_t, true>(p.out_residual, item.row, geo, lane, residual.values);
     set_zero<4>(acc);
     float run_max = -INFINITY, run_sum = 0.f;
     for_each_step_ahead<U, Ring::kDepth>(
@@ -1769,7 +1817,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_forward_ahead_ke
           }
           run_max = new_max;
         });
-    finish_forward_item<4, scalar_t, true>(p, item, geo, lane, writer, run_max, run_sum, acc);
+    finish_forward_item<4, scalar_t, true>(p, item, geo, lane, writer, run_max, run_sum, acc, residual);
   }, [&](int64_t row) { forward_empty_row<4, scalar_t, true>(p, row, geo, lane, writer); });
 }
 
@@ -1789,10 +1837,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_source_ahead_ker
   const bool writer = lane.head_ok && lane.in_head == 0;
   const int stats_head = lane.head_ok ? lane.head : 0;  // lanes past the heads read head 0's and ignore it
 
-  for_each_item(p, lane.lane, [&](const WorkItem& item) {
+  for_each_item<true>(p, lane.lane, [&](const WorkItem& item) {
     Chunks<4> value, key, value_grad, key_grad;
-    load_row<4>(p.msg_src, item.row, geo, lane, value);
-    load_row<4>(p.key_src, item.row, geo, lane, key);
+    load_row<4, scalar_t, true>(p.msg_src, item.row, geo, lane, value);
+    load_row<4, scalar_t, true>(p.key_src, item.row, geo, lane, key);
     set_zero<4>(value_grad);
     set_zero<4>(key_grad);
     for_each_step_ahead<U, Ring::kDepth>(
@@ -1852,7 +1900,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_target_ahead_ker
   const uint64_t evict_first = l2_evict_first_policy();
   const int grad_head = lane.head_ok ? lane.head : 0;
 
-  for_each_item(p, lane.lane, [&](const WorkItem& item) {
+  for_each_item<true>(p, lane.lane, [&](const WorkItem& item) {
     Chunks<4> sum;
     set_zero<4>(sum);
     for_each_step_ahead<U, Ring::kDepth>(
@@ -1970,9 +2018,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) gat_target_sums_kernel(
 // the message is x itself, so its gradient reaches x as is.
 // One pass each instead of torch's chain of N x C temporaries.
 
-// dots[r] = <a[r], b[r] - offset[r % heads]> per (node, head) row in fp32:
-// GAT's and Dot's delta = <g_t, out_t> from the saved output (less the
-// output bias the forward added, when it did), before their source pass.
+// dots[r] = <a[r], b[r] - offset[r % heads] - residual[r]> per (node, head)
+// row in fp32: GAT's and Dot's delta = <g_t, out_t> from the saved output
+// (less the output bias and the residual the forward added, when it did),
+// before their source pass.
 // With lse (fp32 [rows]) the rows' softmax statistics come out instead:
 // dots[2r] = lse[r], dots[2r + 1] = the dot, the (lse, delta) pairs the
 // source pass gathers per edge, without a separate pass stacking them.
@@ -1992,7 +2041,8 @@ constexpr int kMaxBiasChannels = kWarp;
 
 template <typename scalar_t, int VEC, bool NORMS = false>
 __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
-                                const scalar_t* __restrict__ offset, const float* __restrict__ lse, int64_t rows,
+                                const scalar_t* __restrict__ offset, const scalar_t* __restrict__ residual,
+                                const float* __restrict__ lse, int64_t rows,
                                 int heads, int channels, int lanes, float* __restrict__ dots) {
   const int lane = threadIdx.x & (kWarp - 1);
   const int in_row = lane & (lanes - 1);
@@ -2011,11 +2061,12 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
 #pragma unroll
         for (int v = 0; v < VEC; ++v) sums[r] += x[v] * x[v];
       } else {
-        float y[VEC], shift[VEC] = {};
+        float y[VEC], shift[VEC] = {}, skip[VEC] = {};
         to_f32<VEC>(load_vec<scalar_t, VEC>(b + row * channels + c), y);
         if (offset != nullptr) to_f32<VEC>(load_vec<scalar_t, VEC>(offset + (row % heads) * channels + c), shift);
+        if (residual != nullptr) to_f32<VEC>(load_vec<scalar_t, VEC>(residual + row * channels + c), skip);
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) sums[r] += x[v] * (y[v] - shift[v]);
+        for (int v = 0; v < VEC; ++v) sums[r] += x[v] * (y[v] - shift[v] - skip[v]);
       }
     }
   }
@@ -2047,8 +2098,9 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
 // adds the partial rows of each head in a fixed order (deterministic).
 template <typename scalar_t, int VEC>
 __global__ void row_dots_columns_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
-                                        const scalar_t* __restrict__ offset, const float* __restrict__ lse,
-                                        int64_t rows, int heads, int channels, int lanes, int64_t warps,
+                                        const scalar_t* __restrict__ offset, const scalar_t* __restrict__ residual,
+                                        const float* __restrict__ lse, int64_t rows, int heads, int channels,
+                                        int lanes, int64_t warps,
                                         float* __restrict__ dots, float* __restrict__ column_partials) {
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (warp >= warps) return;  // warp-uniform
@@ -2073,13 +2125,14 @@ __global__ void row_dots_columns_kernel(const scalar_t* __restrict__ a, const sc
         const int64_t row = first + static_cast<int64_t>(r) * rows_per_round;
         if (row >= rows) continue;
         const int64_t at = row * channels + channel;
-        float value[VEC], other[VEC], shift[VEC] = {};
+        float value[VEC], other[VEC], shift[VEC] = {}, skip[VEC] = {};
         to_f32<VEC>(load_vec<scalar_t, VEC>(a + at), value);
         to_f32<VEC>(load_vec<scalar_t, VEC>(b + at), other);
         if (offset != nullptr) to_f32<VEC>(load_vec<scalar_t, VEC>(offset + head_of[r] * channels + channel), shift);
+        if (residual != nullptr) to_f32<VEC>(load_vec<scalar_t, VEC>(residual + at), skip);
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
-          sums[r] += value[v] * (other[v] - shift[v]);
+          sums[r] += value[v] * (other[v] - shift[v] - skip[v]);
           column[r][v] += value[v];
         }
       }
@@ -2483,7 +2536,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor* slot_rows,
-    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& hinted_indices = c10::nullopt) {
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+    const c10::optional<at::Tensor>& hinted_indices = c10::nullopt) {
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
       row_schedule(op, indptr, num_dst, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges);
@@ -2494,6 +2548,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   GNNIO_ENSURE(return_scores >= 0 && return_scores <= 2, op,
               ": return_scores must be 0 (none), 1 (before dropout) or 2 (after dropout), got ", return_scores);
   if (bias.has_value()) check_tensor(op, "bias", *bias, f.dtype, {f.heads, f.channels});
+  if (residual.has_value()) check_tensor(op, "residual", *residual, f.dtype, {num_dst, f.heads, f.channels});
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
 
@@ -2519,8 +2574,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   }
   // the edge-balanced schedule's fused pass keeps the one-edge-per-warp layouts
   const at::Tensor& bias_or_out = bias.has_value() ? *bias : out;  // alignment of each tensor read
-  const int vec = slot_rows == nullptr ? forward_vector_width(f, {&out, &bias_or_out})
-                                       : vector_width(f, {&out, &bias_or_out});
+  const at::Tensor& residual_or_out = residual.has_value() ? *residual : out;
+  const int vec = slot_rows == nullptr ? forward_vector_width(f, {&out, &bias_or_out, &residual_or_out})
+                                       : vector_width(f, {&out, &bias_or_out, &residual_or_out});
   // Dot's forward gathers ahead in the 4-wide layout only: 16-bit rows keep the 8-wide one, whose two
   // edge groups per warp ran faster (H100, rmat20, bf16 4 x 32: 1.97 against 2.09 ms ahead, run 118)
   const bool dot_ahead = slot_rows == nullptr && kind == kDot && vec == 4 && !edge.has_value() &&
@@ -2532,6 +2588,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
         make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
     p.out = out.data_ptr<scalar_t>();
     p.out_bias = ptr_or_null<scalar_t>(bias);
+    p.out_residual = ptr_or_null<scalar_t>(residual);
     p.hinted = hinted_ids(op, hinted_indices, indices);
     p.lse = lse.data_ptr<float>();
     p.scores = return_scores ? scores.data_ptr<float>() : nullptr;
@@ -2565,7 +2622,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
       const int threads = merge_threads(f.heads * f.channels);
       merge_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), threads, 0, stream>>>(
           schedule, static_cast<int>(f.heads), static_cast<int>(f.channels), p.part_max, p.part_sum, p.part_acc,
-          p.out_bias, p.out, p.lse);
+          p.out_bias, p.out_residual, p.out, p.lse);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
@@ -2581,10 +2638,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const c10::optional<at::Tensor>& bias,
-    const c10::optional<at::Tensor>& hinted_indices) {
+    const c10::optional<at::Tensor>& hinted_indices, const c10::optional<at::Tensor>& residual) {
   return forward_impl(kForward, kind, indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr,
                       tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att,
-                      edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr, bias,
+                      edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr, bias, residual,
                       hinted_indices);
 }
 
@@ -2597,11 +2654,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor& slot_rows,
-    const c10::optional<at::Tensor>& bias) {
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
   return forward_impl(kForwardEdgeBalanced, kind, indptr, indices, eid, tile_row, tile_start, heavy_rows,
                       heavy_tile_ptr, tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar,
                       dst_scalar, att, edge, negative_slope, scale, dropout, seed, offset, return_scores, &slot_rows,
-                      bias);
+                      bias, residual);
 }
 
 // Heavy rows of the backward source pass: the tiles' partial rows [T, width]
@@ -2700,32 +2757,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 // Blocks of the node-level Cosine kernels: one warp per (node, head) row.
 unsigned unit_row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
-// Elements per read of the row-dots kernels: a 16-byte chunk where every [.., C] row of a (and of b
-// and offset, where given) allows it, else one.
+// Elements per read of the row-dots kernels: a 16-byte chunk where every [.., C] row of a (and of b,
+// offset and residual, where given) allows it, else one.
 template <typename scalar_t>
-int row_chunk(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset) {
+int row_chunk(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset,
+              const c10::optional<at::Tensor>& residual) {
   constexpr int kVec = vec_width<scalar_t>();
   const int64_t channels = a.size(2);
   const bool whole_chunks = rows_vectorisable(a, channels, kVec) &&
                             (b == nullptr || rows_vectorisable(*b, channels, kVec)) &&
-                            (!offset.has_value() || rows_vectorisable(*offset, channels, kVec));
+                            (!offset.has_value() || rows_vectorisable(*offset, channels, kVec)) &&
+                            (!residual.has_value() || rows_vectorisable(*residual, channels, kVec));
   return whole_chunks ? kVec : 1;
 }
 
 // Launches row_dots_kernel in 16-byte chunks where every row allows, else one element at a time.
 template <bool NORMS, typename scalar_t>
 void launch_row_dots(const at::Tensor& a, const at::Tensor* b, const c10::optional<at::Tensor>& offset,
-                     const float* lse, float* dots, cudaStream_t stream) {
+                     const c10::optional<at::Tensor>& residual, const float* lse, float* dots, cudaStream_t stream) {
   const int64_t heads = a.size(1), channels = a.size(2), rows = a.size(0) * heads;
-  const int vec = row_chunk<scalar_t>(a, b, offset);
+  const int vec = row_chunk<scalar_t>(a, b, offset, residual);
   const int lanes = lanes_per_edge(channels / vec);
   const int64_t rows_per_warp = int64_t{kDotRowsPerWarp} * (kWarp / lanes);
   const int64_t warps = (rows + rows_per_warp - 1) / rows_per_warp;
   constexpr int kVec = vec_width<scalar_t>();
   const auto kernel = vec == kVec ? row_dots_kernel<scalar_t, kVec, NORMS> : row_dots_kernel<scalar_t, 1, NORMS>;
   kernel<<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
-      a.data_ptr<scalar_t>(), b == nullptr ? nullptr : b->data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), lse,
-      rows, static_cast<int>(heads), static_cast<int>(channels), lanes, dots);
+      a.data_ptr<scalar_t>(), b == nullptr ? nullptr : b->data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset),
+      ptr_or_null<scalar_t>(residual), lse, rows, static_cast<int>(heads), static_cast<int>(channels), lanes, dots);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -2923,7 +2982,7 @@ at::Tensor attention_row_norms(const at::Tensor& x) {
   if (rows == 0 || x.size(2) == 0) return norm.zero_();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), kRowNorms, [&] {
-    launch_row_dots<true, scalar_t>(x, nullptr, c10::nullopt, nullptr, norm.data_ptr<float>(), stream);
+    launch_row_dots<true, scalar_t>(x, nullptr, c10::nullopt, c10::nullopt, nullptr, norm.data_ptr<float>(), stream);
   });
   return norm;
 }
@@ -2933,10 +2992,12 @@ at::Tensor attention_row_norms(const at::Tensor& x) {
 // with column_sums a's sums over the nodes fp32 [H, C], else empty).
 std::tuple<at::Tensor, at::Tensor> attention_row_dots(const at::Tensor& a, const at::Tensor& b,
                                                       const c10::optional<at::Tensor>& offset,
-                                                      const c10::optional<at::Tensor>& lse, bool column_sums) {
+                                                      const c10::optional<at::Tensor>& lse, bool column_sums,
+                                                      const c10::optional<at::Tensor>& residual) {
   check_rows(kRowDots, "a", a);
   check_tensor(kRowDots, "b", b, a.scalar_type(), {a.size(0), a.size(1), a.size(2)});
   if (offset.has_value()) check_tensor(kRowDots, "offset", *offset, a.scalar_type(), {a.size(1), a.size(2)});
+  if (residual.has_value()) check_tensor(kRowDots, "residual", *residual, a.scalar_type(), {a.size(0), a.size(1), a.size(2)});
   if (lse.has_value()) check_tensor(kRowDots, "lse", *lse, at::kFloat, {a.size(0), a.size(1)});
   const int64_t nodes = a.size(0), heads = a.size(1), channels = a.size(2);
   GNNIO_ENSURE(!column_sums || channels <= kMaxBiasChannels, kRowDots, ": column sums take heads of at most ",
@@ -2956,11 +3017,11 @@ std::tuple<at::Tensor, at::Tensor> attention_row_dots(const at::Tensor& a, const
   GNNIO_DISPATCH_FEATURES(a.scalar_type(), kRowDots, [&] {
     const float* lse_data = lse.has_value() ? lse->data_ptr<float>() : nullptr;
     if (!column_sums) {
-      launch_row_dots<false, scalar_t>(a, &b, offset, lse_data, dots.data_ptr<float>(), stream);
+      launch_row_dots<false, scalar_t>(a, &b, offset, residual, lse_data, dots.data_ptr<float>(), stream);
       return;
     }
     constexpr int kVec = vec_width<scalar_t>();
-    const int vec = row_chunk<scalar_t>(a, &b, offset);
+    const int vec = row_chunk<scalar_t>(a, &b, offset, residual);
     const int lanes = lanes_per_edge(channels / vec);
     const auto kernel = vec == kVec ? row_dots_columns_kernel<scalar_t, kVec> : row_dots_columns_kernel<scalar_t, 1>;
     // the resident warps loop over the groups of rows, a multiple of `step` warps (see row_dots_columns_kernel)
@@ -2971,7 +3032,8 @@ std::tuple<at::Tensor, at::Tensor> attention_row_dots(const at::Tensor& a, const
     const int64_t warps = std::max(step, std::min(resident, groups) / step * step);
     at::Tensor partials = at::empty({warps * group_rows, channels}, float_options);
     kernel<<<unit_row_blocks(warps), kWarpsPerBlock * kWarp, 0, stream>>>(
-        a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), lse_data, rows,
+        a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(offset), ptr_or_null<scalar_t>(residual),
+        lse_data, rows,
         static_cast<int>(heads), static_cast<int>(channels), lanes, warps, dots.data_ptr<float>(),
         partials.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -3035,8 +3097,9 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT);
 //     src_scalar fp32 [Ns, H], dst_scalar fp32 [Nd, H]: the row norms |x_src|, |x_dst| (cosine)
 //   att [H, C] (GATv2) or beta fp32 [H] (cosine);  edge: [E, H] (GAT) or [E, H, C]
-// attention_forward -> (out [Nd, H, C] (+ bias [H, C] when given: a layer's
-//   output bias, added at the store), lse fp32 [Nd, H] (0 for empty rows),
+// attention_forward -> (out [Nd, H, C] (+ bias [H, C] and + residual
+//   [Nd, H, C] when given: a layer's output bias and skip connection, added
+//   at the store), lse fp32 [Nd, H] (0 for empty rows),
 //   scores fp32 [E, H] raw scores when return_scores is 1, or 2 for -inf on
 //   dropped edges; [0, H] otherwise).
 // attention_backward_target (every kind; the host runs GAT and dot in fp32
@@ -3059,8 +3122,9 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   grad of dst_scalar [Nd, H] (GAT; a view of packed_grads when given) or of dst_vec [Nd, H, C] (dot): sums
 //   over each target's in-edges of s_e (x key_s + edge_e).
 // attention_row_dots(a, b [N, H, C], offset [H, C] or None, lse [N, H] or None,
-//   column_sums) -> (<a, b - offset> fp32 [N, H] (delta from the saved output,
-//   less a bias the forward added), or with lse the pairs (lse, delta) fp32
+//   column_sums, residual [N, H, C] or None) -> (<a, b - offset - residual>
+//   fp32 [N, H] (delta from the saved output, less the bias and residual the
+//   forward added), or with lse the pairs (lse, delta) fp32
 //   [N, H, 2], which attention_backward_source takes as its delta; a's sums
 //   over the nodes fp32 [H, C] with column_sums (C <= 32: the gradient of
 //   that bias), else empty).
@@ -3079,10 +3143,10 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def("attention_forward(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores, "
-        "Tensor? bias=None, Tensor? hinted_indices=None) -> (Tensor, Tensor, Tensor)");
+        "Tensor? bias=None, Tensor? hinted_indices=None, Tensor? residual=None) -> (Tensor, Tensor, Tensor)");
   m.def("attention_forward_edge_balanced(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "float negative_slope, float scale, float dropout, int seed, int offset, int return_scores, "
-        "Tensor slot_rows, Tensor? bias=None) -> (Tensor, Tensor, Tensor)");
+        "Tensor slot_rows, Tensor? bias=None, Tensor? residual=None) -> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_target(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
         "Tensor grad_out, Tensor lse, float negative_slope, float scale, float dropout, int seed, int offset) "
         "-> (Tensor, Tensor, Tensor)");
@@ -3095,8 +3159,8 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "-> Tensor");
   m.def("attention_dropout_seed(int increment) -> int[]", &gnnio::attention::attention_dropout_seed);
   m.def("attention_row_norms(Tensor x) -> Tensor");
-  m.def("attention_row_dots(Tensor a, Tensor b, Tensor? offset=None, Tensor? lse=None, bool column_sums=False) "
-        "-> (Tensor, Tensor)");
+  m.def("attention_row_dots(Tensor a, Tensor b, Tensor? offset=None, Tensor? lse=None, bool column_sums=False, "
+        "Tensor? residual=None) -> (Tensor, Tensor)");
   m.def("attention_unit_rows_backward(Tensor x, Tensor norm, Tensor grad_unit) -> Tensor");
 }
 

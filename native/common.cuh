@@ -125,6 +125,24 @@ __device__ __forceinline__ Vec<T, VEC> load_vec(const T* __restrict__ p) {
   return *reinterpret_cast<const Vec<T, VEC>*>(p);
 }
 
+// load_vec with the evict-first cache policy (ld.global.cs): for data a
+// kernel reads once, so that it leaves L2 before the rows the kernel gathers
+// again. A 2-byte element takes a plain load.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_vec_once(const T* __restrict__ p) {
+  Vec<T, VEC> v;
+  if constexpr (sizeof(v) == 16) {
+    *reinterpret_cast<float4*>(&v) = __ldcs(reinterpret_cast<const float4*>(p));
+  } else if constexpr (sizeof(v) == 8) {
+    *reinterpret_cast<float2*>(&v) = __ldcs(reinterpret_cast<const float2*>(p));
+  } else if constexpr (sizeof(v) == 4) {
+    *reinterpret_cast<float*>(&v) = __ldcs(reinterpret_cast<const float*>(p));
+  } else {
+    v = load_vec<T, VEC>(p);
+  }
+  return v;
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(T* __restrict__ p, const Vec<T, VEC>& value) {
   *reinterpret_cast<Vec<T, VEC>*>(p) = value;

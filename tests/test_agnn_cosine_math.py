@@ -205,8 +205,8 @@ class FakeCosineKernels:
 
     def attention_forward(self, *args):
         (dst, src), (x_src, u_dst, n_src, beta), rest = self._split(args)
-        _slope, scale, dropout, _seed, _offset, return_scores, bias, hinted_indices = rest
-        assert dropout == 0.0 and bias is None  # AGNN has no output bias
+        _slope, scale, dropout, _seed, _offset, return_scores, bias, hinted_indices, residual = rest
+        assert dropout == 0.0 and bias is None and residual is None  # AGNN has no output bias or skip
         assert hinted_indices is None  # L2 hints are the dot product's alone
         score, _ = self._scores(x_src, u_dst, n_src, beta, scale, src, dst)
         prob, lse = softmax_by_target(score, dst, u_dst.shape[0])

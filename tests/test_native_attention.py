@@ -664,6 +664,12 @@ def test_row_dots_match_fp64(heads, channels, dtype):
     offset = randn(heads, channels, dtype=dtype, device="cuda", generator=gen)
     shifted, _ = torch.ops.gnnio.attention_row_dots(a, b, offset)
     assert relative_error(shifted, (a.double() * (b.double() - offset.double())).sum(-1)) <= 1e-6
+    residual = randn(77, heads, channels, dtype=dtype, device="cuda", generator=gen)
+    less_both, _ = torch.ops.gnnio.attention_row_dots(a, b, offset, None, False, residual)
+    expected = (a.double() * (b.double() - offset.double() - residual.double())).sum(-1)
+    assert relative_error(less_both, expected) <= 1e-6
+    with pytest.raises(RuntimeError, match=r"attention_row_dots: residual must have shape"):
+        torch.ops.gnnio.attention_row_dots(a, b, offset, None, False, residual[:-1])
     # with lse: the (lse, delta) pairs the source pass gathers, poisoned first so a missed write shows
     lse = randn(77, heads, dtype=torch.float32, device="cuda", generator=gen)
     poison = torch.full((77 * heads * 2,), float("nan"), device="cuda")
@@ -700,6 +706,11 @@ def test_row_dots_column_sums_match_fp64(heads, channels, aligned, dtype):
     assert relative_error(sums, a.double().sum(0)) <= 1e-5
     assert torch.equal(stats[..., 0], lse)
     assert relative_error(stats[..., 1], (a.double() * (b.double() - offset.double())).sum(-1)) <= 1e-6
+    residual = features(rows, heads, channels)
+    stats, residual_sums = torch.ops.gnnio.attention_row_dots(a, b, offset, lse, True, residual)
+    expected = (a.double() * (b.double() - offset.double() - residual.double())).sum(-1)
+    assert relative_error(stats[..., 1], expected) <= 1e-6
+    assert torch.equal(residual_sums, sums)
     again = torch.ops.gnnio.attention_row_dots(a, b, offset, lse, True)[1]
     assert torch.equal(again, sums), "the column sums are deterministic"
     with pytest.raises(RuntimeError, match=r"attention_row_dots: column sums take heads of at most 32 channels, got 33"):
@@ -740,3 +751,96 @@ def test_output_bias_added_at_the_store(kind, heads, channels, dtype):
             assert torch.equal(a, b), name  # backward never reads the output
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the column sums rounded once to bf16
     assert relative_error(with_bias[-1].float(), grad_out.float().sum(0)) <= tolerance
+
+
+# ------------------------------------------- Dot's passes gathered ahead, L2 hints
+def hot_share_for(graph, hot_nodes, row_bytes):
+    """The GNNIO_ATTENTION_HOT_SHARE that leaves about `hot_nodes` nodes unmarked in the forward's hints."""
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    return f"{hot_nodes * 2 * row_bytes / l2_bytes:.8f}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ahead", ["1", "0"], ids=["gathered-ahead", "per-step"])
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16)])
+def test_dot_passes_gathered_ahead_or_per_step_match_the_oracle(heads, channels, ahead, dtype, monkeypatch):
+    """Dot's 4-wide passes without edge features gather ahead through shared memory, with L2 hints on
+    most rows here (GNNIO_ATTENTION_AHEAD=0 runs the per-step passes): both must match the fp64
+    reference (16-bit: within twice torch's error) on the hub graph, split rows and empty rows included."""
+    monkeypatch.setenv("GNNIO_ATTENTION_AHEAD", ahead)
+    graph = small_graph().to("cuda")
+    element = torch.empty((), dtype=dtype).element_size()
+    monkeypatch.setenv("GNNIO_ATTENTION_HOT_SHARE", hot_share_for(graph, 100, heads * channels * element))
+    inputs = make_inputs("transformer", graph, heads, channels, dtype, seed=61 + heads)
+    if dtype == torch.float32:
+        check_against_oracle("transformer", graph, inputs)
+        return
+    out, _, grads = forward_backward("transformer", graph, inputs, "native")
+    torch_out, _, torch_grads = forward_backward("transformer", graph, upcast(inputs, dtype), "reference")
+    oracle_out, _, oracle_grads = forward_backward("transformer", graph, upcast(inputs), "reference")
+    assert_within_torch_error(out, oracle_out, torch_out)
+    for name in grads:
+        assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_l2_hints_change_no_result(dtype, monkeypatch):
+    """The hints only choose L2's eviction policy: with a third of the nodes kept hot, the output and every
+    gradient equal those without hints bit for bit."""
+    graph = small_graph().to("cuda")
+    heads, channels = 4, 32
+    row_bytes = heads * channels * torch.empty((), dtype=dtype).element_size()
+    inputs = make_inputs("transformer", graph, heads, channels, dtype, seed=67)
+    monkeypatch.setenv("GNNIO_ATTENTION_HOT_SHARE", hot_share_for(graph, graph.num_nodes // 3, row_bytes))
+    hinted = attention_native.hinted_indices(graph, "csr", 2 * row_bytes)
+    rare = hinted < 0
+    assert rare.any() and not rare.all()
+    assert torch.equal(hinted & torch.iinfo(torch.int32).max, graph.csr_indices.to(torch.int32))
+    out, _, grads = forward_backward("transformer", graph, inputs, "native")
+    monkeypatch.setenv("GNNIO_ATTENTION_HOT_SHARE", "0")
+    assert attention_native.hinted_indices(graph, "csr", 2 * row_bytes) is None
+    plain_out, _, plain_grads = forward_backward("transformer", graph, inputs, "native")
+    assert torch.equal(out, plain_out)
+    for name in grads:
+        assert torch.equal(grads[name], plain_grads[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,channels", [(3, 33), (4, 32), (2, 16)])
+def test_residual_added_at_the_store(heads, channels, dtype):
+    """A skip connection [Nd, H, C] added by the Transformer forward's store (light rows, split rows' merge,
+    empty rows, every layout) equals out + residual; its gradient is grad_out and the others are unchanged
+    (fp32 takes delta from the saved output less the residual: equal to fp32 rounding)."""
+    graph = small_graph().to("cuda")
+    inputs = make_inputs("transformer", graph, heads, channels, dtype, seed=heads * 10 + channels + 1)
+    gen = torch.Generator().manual_seed(17)
+    residual = randn(graph.num_dst_nodes, heads, channels, dtype=dtype, device="cuda", generator=gen).requires_grad_()
+    grad_out = randn(graph.num_dst_nodes, heads, channels, dtype=dtype, device="cuda", generator=gen)
+    with_skip, _ = run("transformer", graph, inputs, "native", residual=residual)
+    plain, _ = run("transformer", graph, inputs, "native")
+    if dtype == torch.float32:
+        assert torch.equal(with_skip, plain + residual)  # the same fp32 sum, rounded once
+    else:
+        assert relative_error(with_skip.float(), plain.float() + residual.float()) <= torch.finfo(dtype).eps
+    names = list(inputs)
+    grads = torch.autograd.grad(with_skip, [inputs[n] for n in names] + [residual], grad_out)
+    plain_grads = torch.autograd.grad(plain, [inputs[n] for n in names], grad_out)
+    assert torch.equal(grads[-1], grad_out)
+    for name, a, b in zip(names, grads, plain_grads):
+        if dtype == torch.float32:
+            assert relative_error(a, b) <= 1e-5, name
+        else:
+            assert torch.equal(a, b), name  # 16-bit backward never reads the output
+
+
+def test_forward_refuses_a_residual_of_the_wrong_shape():
+    graph = small_graph().to("cuda")
+    inputs = make_inputs("transformer", graph, 2, 8, torch.float32, seed=71)
+    call = attention_native._make_call(
+        attention_native.DOT, graph, 2, torch.device("cuda"), negative_slope=0.0, scale=1.0, dropout=0.0,
+        training=False, return_attention=False, weights_after_dropout=False,
+    )  # fmt: skip
+    tensors = (inputs["value"], inputs["key"], inputs["query"], None, None, None, None)
+    short = inputs["query"].detach()[:-1]
+    with pytest.raises(RuntimeError, match=r"attention_forward: residual must have shape"):
+        call.forward(tuple(t.detach() if t is not None else None for t in tensors), None, short)

@@ -365,6 +365,22 @@ def test_attention_output_bias_is_added_to_every_row(graph, kind):
         ATTENTION_OPS[kind](graph, **inputs, bias=bias.view(-1))
 
 
+def test_transformer_residual_is_added_to_every_row(graph):
+    """residual [Nd, H, C] joins its output row (empty rows get it alone), its gradient is grad_out and the
+    weights are unchanged; a residual of another shape is refused naming it."""
+    inputs = attention_inputs(graph, seed=35)["transformer"]
+    residual = randn(graph.num_dst_nodes, HEADS, CHANNELS, dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(36)).requires_grad_()
+    out, alpha = transformer_attention(graph, **inputs, return_attention=True)
+    with_skip, skip_alpha = transformer_attention(graph, **inputs, return_attention=True, residual=residual)
+    assert_close(with_skip, out + residual, atol=0, rtol=0)
+    assert_close(skip_alpha, alpha, atol=0, rtol=0)
+    grad = randn(*with_skip.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(37))
+    (residual_grad,) = torch.autograd.grad(with_skip, [residual], grad)
+    assert torch.equal(residual_grad, grad)
+    with pytest.raises(GnnioError, match=r"^transformer_attention: residual must have shape \[N, H, C\]"):
+        transformer_attention(graph, **inputs, residual=residual[:-1])
+
 def test_attention_softmax_is_stable_for_huge_scores():
     graph = GRAPHS[0][1]
     inputs = attention_inputs(graph, seed=51)["gat"]

@@ -112,6 +112,11 @@ class TransformerConv(ConvBase):
         elif edge_attr is not None:
             raise GnnioError("TransformerConv: edge_attr was given but the layer has no edge_dim; construct it with edge_dim")
         wants_attention = isinstance(return_attention_weights, bool)
+        if self.root_weight and skip is None:
+            skip = self.lin_skip(x_dst)
+        # A plain skip connection on concatenated heads is added by the attention op as it stores each row
+        # (one pass over the output fewer); a gated or head-averaged one afterwards, as PyG does.
+        fused_skip = skip is not None and self.lin_beta is None and self.concat
         result = attention.transformer_attention(
             adjacency.graph,
             query,
@@ -121,11 +126,11 @@ class TransformerConv(ConvBase):
             dropout=self.dropout,
             training=self.training,
             return_attention=wants_attention,
+            residual=skip.view(-1, heads, channels) if fused_skip else None,
         )
         out, alpha = result if wants_attention else (result, None)
         out = out.reshape(-1, heads * channels) if self.concat else out.mean(dim=1)
-        if self.root_weight:
-            skip = self.lin_skip(x_dst) if skip is None else skip
+        if skip is not None and not fused_skip:
             if self.lin_beta is not None:
                 gate = self.lin_beta(torch.cat([out, skip, out - skip], dim=-1)).sigmoid()
                 out = gate * skip + (1 - gate) * out

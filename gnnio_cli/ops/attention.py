@@ -178,6 +178,7 @@ def transformer_attention(
     dropout: float = 0.0,
     training: bool = False,
     return_attention: bool = False,
+    residual: Optional[torch.Tensor] = None,
 ) -> AttentionResult:
     """TransformerConv's attention aggregation (scaled dot product).
 
@@ -188,6 +189,8 @@ def transformer_attention(
                both the key and the value of its edge (as PyG).
     score[e, h] = <query[t, h], key[s, h] + edge_feat[e, h]> / sqrt(C)
     message[e, h] = value[s, h] + edge_feat[e, h]
+    residual:  optional [num_dst, H, C] added to the output (a layer's skip connection; the kernels add it
+               as they store each row, saving a pass over the output). Its gradient is grad_out.
     Returns out [num_dst, H, C], and with return_attention alpha [E, H] (before dropout).
     """
     op = "transformer_attention"
@@ -198,11 +201,15 @@ def transformer_attention(
     check_tensor(op, "value", value, graph, "[N, H, C]", (graph.num_src_nodes, heads, channels))
     if edge_feat is not None:
         check_tensor(op, "edge_feat", edge_feat, graph, "[E, H, C]", (graph.num_edges, heads, channels))
-    check_same_dtype(op, query=query, key=key, value=value, edge_feat=edge_feat)
+    if residual is not None:
+        check_tensor(op, "residual", residual, graph, "[N, H, C]", (graph.num_dst_nodes, heads, channels))
+    check_same_dtype(op, query=query, key=key, value=value, edge_feat=edge_feat, residual=residual)
 
-    backend = dispatch.pick(op, query, key, value, edge_feat)
-    if backend == "native" and attention_native.supports(query, key, value, edge_feat, return_attention=return_attention):
-        return attention_native.transformer_attention(graph, query, key, value, edge_feat, dropout, training, return_attention)
+    backend = dispatch.pick(op, query, key, value, edge_feat, residual)
+    if backend == "native" and attention_native.supports(query, key, value, edge_feat, residual, return_attention=return_attention):
+        return attention_native.transformer_attention(
+            graph, query, key, value, edge_feat, dropout, training, return_attention, residual
+        )
     dispatch.record(op, "reference")
     compute = accumulation_dtype(query.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)
@@ -213,9 +220,10 @@ def transformer_attention(
         keys = keys + edge_slot
         messages = messages + edge_slot
     scores = (query.to(compute).index_select(0, targets) * keys).sum(-1) / math.sqrt(channels)
-    return _softmax_aggregate(
+    result = _softmax_aggregate(
         graph, scores, messages, dropout, training, return_attention, query.dtype, return_dropped=False
     )
+    return _with_bias(result, residual)
 
 
 def agnn_attention(
@@ -286,7 +294,7 @@ def _check_bias(op: str, bias: Optional[torch.Tensor], x: torch.Tensor) -> None:
 
 
 def _with_bias(result: AttentionResult, bias: Optional[torch.Tensor]) -> AttentionResult:
-    """The reference path's output bias: out + bias, the weights (if returned) untouched."""
+    """The reference path's output bias (or residual): out + bias, the weights (if returned) untouched."""
     if bias is None:
         return result
     if isinstance(result, tuple):

@@ -258,7 +258,7 @@ def hinted_indices(graph: Graph, side: str, row_bytes: int) -> Optional[torch.Te
     share = hot_l2_share()
     if share <= 0.0 or nodes >= 2**31 or indices.numel() == 0 or not indices.is_cuda:
         return None
-    l2_bytes = torch.cuda.get_device_properties(indices.device).L2_cache_size
+    l2_bytes = dispatch.cuda_properties(indices.device).L2_cache_size
     hot = min(nodes, int(share * l2_bytes) // max(row_bytes, 1))
 
     return graph.cached(("attention_hinted_indices", side, hot), lambda: mark_rarely_read(indices, nodes, hot))
@@ -321,14 +321,18 @@ class _Call:
     def schedule_name(self) -> str:
         return f"{EDGE_BALANCED} scores + fused {self.csr.name}" if self.slot_rows is not None else f"fused {self.csr.name}"
 
-    def forward(self, tensors: tuple, bias: Optional[torch.Tensor] = None) -> tuple:
-        """(out, lse, scores) of the forward op this call's schedule names; out + bias [H, C] when given."""
+    def forward(self, tensors: tuple, bias: Optional[torch.Tensor] = None,
+                residual: Optional[torch.Tensor] = None) -> tuple:
+        """(out, lse, scores) of the forward op this call's schedule names; out + bias [H, C] + residual
+        [Nd, H, C] where given."""
         if self.slot_rows is None:
             return torch.ops.gnnio.attention_forward(
-                self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, bias, self.hinted_csr
+                self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, bias, self.hinted_csr,
+                residual,
             )
         return torch.ops.gnnio.attention_forward_edge_balanced(
-            self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, self.slot_rows, bias
+            self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, self.slot_rows, bias,
+            residual,
         )
 
     def csr_args(self) -> tuple:
@@ -362,24 +366,26 @@ def _source_first(kind: int, dtype: torch.dtype) -> bool:
 
 
 class _FusedAttention(torch.autograd.Function):
-    """Tensors (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge), bias -> (out, lse, scores).
+    """Tensors (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge), bias, residual -> (out, lse, scores).
 
     Roles per kind: GAT (msg_src=x_src, src_scalar=alpha_src, dst_scalar=alpha_dst,
     edge=edge_alpha), GATv2 (msg_src=x_src, dst_vec=x_dst, att, edge=edge_feat),
     DOT (msg_src=value, key_src=key, dst_vec=query, edge=edge_feat). bias: None,
-    or a layer's output bias [H, C] that the forward adds at its store (a backward
-    that reads out, see _source_first, takes the bias off in attention_row_dots).
-    lse and scores carry no gradient.
+    or a layer's output bias [H, C]; residual: None, or a layer's skip connection
+    [Nd, H, C]; the forward adds both at its store (a backward that reads out, see
+    _source_first, takes them off in attention_row_dots). lse and scores carry no
+    gradient.
     """
 
     @staticmethod
-    def forward(ctx, call: _Call, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge, bias):
+    def forward(ctx, call: _Call, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge, bias, residual):
         tensors = (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge)
-        out, lse, scores = call.forward(tensors, bias)
+        out, lse, scores = call.forward(tensors, bias, residual)
         ctx.call = call
-        # GAT and DOT take delta = <grad_out, out - bias> from the output itself (see _source_first)
+        # GAT and DOT take delta = <grad_out, out - bias - residual> from the output itself (see _source_first)
         source_first = _source_first(call.kind, msg_src.dtype)
-        ctx.save_for_backward(*tensors, lse, out if source_first else None, bias if source_first else None)
+        kept = (out, bias, residual) if source_first else (None, None, None)
+        ctx.save_for_backward(*tensors, lse, *kept)
         ctx.mark_non_differentiable(lse, scores)
         ctx.set_materialize_grads(False)  # no zero-filled gradients for lse and scores, which have none
         return out, lse, scores
@@ -387,15 +393,17 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, _grad_lse, _grad_scores):
         if grad_out is None:
-            return (None,) * 9
+            return (None,) * 10
         call: _Call = ctx.call
-        *tensors, lse, out, bias = ctx.saved_tensors
+        *tensors, lse, out, bias, residual = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         # the bias gradient (grad_out's column sums) from the row dots' read of grad_out where they run
         bias_in_row_dots = out is not None and ctx.needs_input_grad[8] and grad_out.shape[2] <= MAX_ROW_DOTS_BIAS
         if out is not None:
             # (lse, delta) side by side, as the source pass gathers them per edge
-            row_stats, bias_sums = torch.ops.gnnio.attention_row_dots(grad_out, out, bias, lse, bias_in_row_dots)
+            row_stats, bias_sums = torch.ops.gnnio.attention_row_dots(
+                grad_out, out, bias, lse, bias_in_row_dots, residual
+            )
             packed = None
             if call.pack_gradients:
                 # rows of (d x_src, d alpha_src, d alpha_dst), which the kernels write in place: a layer that
@@ -431,7 +439,8 @@ class _FusedAttention(torch.autograd.Function):
             grad_bias = bias_sums.to(grad_out.dtype)
         elif ctx.needs_input_grad[8]:
             grad_bias = bias_gradient(grad_out.view(grad_out.shape[0], -1)).view(grad_out.shape[1:])
-        return (None, *grads, grad_bias)
+        grad_residual = grad_out if ctx.needs_input_grad[9] else None
+        return (None, *grads, grad_bias, grad_residual)
 
 
 def _make_call(
@@ -482,15 +491,17 @@ def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: 
     return out, _attention_weights(call.graph, scores, lse, dropout, out.dtype)
 
 
-def _run(op: str, kind: int, graph: Graph, tensors: tuple, bias: Optional[torch.Tensor] = None, **call_options):
-    """Run the fused op with :func:`_make_call`'s keyword options; returns out (+ bias [H, C] when given) or
-    (out, alpha [E, H] in eid order)."""
+def _run(op: str, kind: int, graph: Graph, tensors: tuple, bias: Optional[torch.Tensor] = None,
+         residual: Optional[torch.Tensor] = None, **call_options):
+    """Run the fused op with :func:`_make_call`'s keyword options; returns out (+ bias [H, C] + residual
+    [Nd, H, C] where given) or (out, alpha [E, H] in eid order)."""
     tensors = tuple(None if t is None else t.contiguous() for t in tensors)
     bias = None if bias is None else bias.contiguous()
+    residual = None if residual is None else residual.contiguous()
     rows = tensors[0]  # msg_src [N, H, C]
     row_bytes = rows.shape[1] * rows.shape[2] * rows.element_size()
     call = _make_call(kind, graph, rows.shape[1], rows.device, row_bytes=row_bytes, **call_options)
-    out, lse, scores = _FusedAttention.apply(call, *tensors, bias)
+    out, lse, scores = _FusedAttention.apply(call, *tensors, bias, residual)
     return _finish(op, call, out, lse, scores, call_options["return_attention"])
 
 
@@ -524,10 +535,10 @@ def gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout
     )  # fmt: skip
 
 
-def transformer_attention(graph, query, key, value, edge_feat, dropout, training, return_attention):
+def transformer_attention(graph, query, key, value, edge_feat, dropout, training, return_attention, residual=None):
     """Fused :func:`gnnio_cli.ops.attention.transformer_attention` (same arguments and result)."""
     return _run(
-        "transformer_attention", DOT, graph, (value, key, query, None, None, None, edge_feat),
+        "transformer_attention", DOT, graph, (value, key, query, None, None, None, edge_feat), residual=residual,
         negative_slope=0.0, scale=1.0 / math.sqrt(query.shape[2]), dropout=dropout, training=training,
         return_attention=return_attention, weights_after_dropout=False,
     )  # fmt: skip

@@ -102,7 +102,8 @@ def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor, product: 
         return False  # a double backward's products: the native one has no derivative of its own
     if dispatch.pick("projection", x, *others) != "native":
         return False
-    return torch.cuda.get_device_capability(x.device) >= (8, 0)
+    properties = dispatch.cuda_properties(x.device)
+    return (properties.major, properties.minor) >= (8, 0)
 
 
 def parameter_gradients_use_split_tf32(grads: Sequence[Tensor], rows: Tensor) -> bool:
@@ -140,11 +141,22 @@ def project(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Optional[Tens
     if not uses_split_tf32(x, widths, *weights, *[b for b in biases if b is not None], product=product):
         return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
     dispatch.record("projection", "split-tf32")
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    outputs = torch.ops.gnnio.matmul_split_tf32([_aligned_rows(x)], False, [_stacked(weights)], True, bias, widths)
+    stacked, bias = _stacked_with_bias(weights, biases)
+    outputs = torch.ops.gnnio.matmul_split_tf32([_aligned_rows(x)], False, [stacked], True, bias, widths)
     return tuple(out.view(*x.shape[:-1], out.shape[-1]) for out in outputs)
+
+
+def _stacked_with_bias(weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, Optional[Tensor]]:
+    """The weights stacked [sum of widths, F] and their biases [sum of widths] (zeros for a missing one, None
+    when all are), from one concatenation: the forward's first launch waits for these copies, and each
+    launch costs the host tens of microseconds before the product can start."""
+    if all(b is None for b in biases):
+        return _stacked(weights), None
+    parts = [w.reshape(-1) for w in weights]
+    parts += [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)]
+    flat = torch.cat(parts)
+    size = sum(w.numel() for w in weights)
+    return flat[:size].view(-1, weights[0].shape[1]), flat[size:]
 
 
 def project_input_gradient(grads: Sequence[Tensor], weights: Sequence[Tensor]) -> Tensor:

@@ -14,6 +14,7 @@ Ops :func:`record` which implementation actually ran (e.g. ``"cusparse"``,
 
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -79,3 +80,10 @@ def ran() -> dict[str, str]:
 
 def reset() -> None:
     _state.ran = {}
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_properties(device: torch.device):
+    """torch.cuda.get_device_properties of a CUDA device (with its index), looked up once: ops ask on every
+    call, before their first launch, and torch's lookup costs the host tens of microseconds each time."""
+    return torch.cuda.get_device_properties(device)
