@@ -254,28 +254,23 @@ __device__ __forceinline__ float lane_sum(float share, const LaneGeometry& geo, 
   return head_sum<Layout<VEC>::kGroupLanes>(mine, geo.lanes_per_head);
 }
 
-// This lane's chunks of one [H, C] row starting at `row`. STREAMING (the
-// 4-wide layout): with the evict-first cache policy, for results a pass
-// writes once and does not read back, so that they leave L2 before the
-// rows it gathers (the passes that gather ahead).
-template <int VEC, typename T, bool STREAMING = false>
+// This lane's chunks of one [H, C] row starting at `row`. ONCE: with the
+// evict-first cache policy (store_vec_once), for results a pass writes once
+// and does not read back, so that they leave L2 before the rows it gathers
+// (the passes that gather ahead).
+template <int VEC, typename T, bool ONCE = false>
 __device__ __forceinline__ void store_row_at(T* __restrict__ row, const Lane<VEC>& lane,
                                              const float (&x)[Layout<VEC>::kChunks][VEC]) {
 #pragma unroll
   for (int k = 0; k < Layout<VEC>::kChunks; ++k) {
-    if (!lane.ok[k]) continue;
-    if constexpr (STREAMING && VEC == 4) {
-      store_streaming<T>(row + lane.offset[k], x[k]);
-    } else {
-      store_f32<VEC>(row + lane.offset[k], x[k]);
-    }
+    if (lane.ok[k]) store_f32<VEC, T, ONCE>(row + lane.offset[k], x[k]);
   }
 }
 
-template <int VEC, typename T, bool STREAMING = false>
+template <int VEC, typename T, bool ONCE = false>
 __device__ __forceinline__ void store_row(T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                           const Lane<VEC>& lane, const float (&x)[Layout<VEC>::kChunks][VEC]) {
-  store_row_at<VEC, T, STREAMING>(row_start(base, node, geo), lane, x);
+  store_row_at<VEC, T, ONCE>(row_start(base, node, geo), lane, x);
 }
 
 template <typename T>
@@ -853,7 +848,7 @@ __device__ __forceinline__ void packed_gatv2_scores(float slope_f32, const Gathe
 // ------------------------------------------------------------------ forward
 // A forward item's end: a light row's output (acc / sum, plus the output
 // bias) and lse, or a tile's partial softmax state for merge_tiles_kernel.
-template <int VEC, typename scalar_t, bool STREAMING = false>
+template <int VEC, typename scalar_t, bool ONCE = false>
 __device__ __forceinline__ void finish_forward_item(const Params<scalar_t>& p, const WorkItem& item,
                                                     const LaneGeometry& geo, const Lane<VEC>& lane, bool writer,
                                                     float run_max, float run_sum, Chunks<VEC>& acc,
@@ -865,7 +860,7 @@ __device__ __forceinline__ void finish_forward_item(const Params<scalar_t>& p, c
 #pragma unroll
       for (int v = 0; v < VEC; ++v) acc[k][v] *= inverse;
     add_out_extras<VEC>(p, item.row, geo, lane, acc, residual);
-    store_row<VEC, scalar_t, STREAMING>(p.out, item.row, geo, lane, acc);
+    store_row<VEC, scalar_t, ONCE>(p.out, item.row, geo, lane, acc);
     if (writer) p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
   } else {
     store_row<VEC>(p.part_acc, item.partial, geo, lane, acc);
@@ -877,13 +872,13 @@ __device__ __forceinline__ void finish_forward_item(const Params<scalar_t>& p, c
 }
 
 // A row with no in-edges: the output bias and residual (or zeros) and lse 0.
-template <int VEC, typename scalar_t, bool STREAMING = false>
+template <int VEC, typename scalar_t, bool ONCE = false>
 __device__ __forceinline__ void forward_empty_row(const Params<scalar_t>& p, int64_t row, const LaneGeometry& geo,
                                                   const Lane<VEC>& lane, bool writer) {
   Chunks<VEC> zero;
   set_zero<VEC>(zero);
   add_out_extras<VEC>(p, row, geo, lane, zero);
-  store_row<VEC, scalar_t, STREAMING>(p.out, row, geo, lane, zero);
+  store_row<VEC, scalar_t, ONCE>(p.out, row, geo, lane, zero);
   if (writer) p.lse[row * geo.heads + lane.head] = 0.f;
 }
 

@@ -83,30 +83,21 @@ __device__ __forceinline__ void to_f32(const Vec<T, VEC>& v, float (&out)[VEC]) 
   }
 }
 
-template <int VEC, typename T>
+// ONCE: with the evict-first cache policy (store_vec_once).
+template <int VEC, typename T, bool ONCE = false>
 __device__ __forceinline__ void store_f32(T* __restrict__ p, const float (&in)[VEC]) {
   if constexpr (VEC == 4 || VEC == 8) {
     Vec<T, VEC> v;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) v.v[i] = static_cast<T>(in[i]);
-    store_vec<T, VEC>(p, v);
+    if constexpr (ONCE) {
+      store_vec_once<T, VEC>(p, v);
+    } else {
+      store_vec<T, VEC>(p, v);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) p[i] = static_cast<T>(in[i]);
-  }
-}
-
-// Four elements of T from fp32, stored with the evict-first cache policy
-// (st.global.cs): see store_row_at's STREAMING.
-template <typename T>
-__device__ __forceinline__ void store_streaming(T* __restrict__ p, const float (&in)[4]) {
-  Vec<T, 4> v;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v.v[i] = static_cast<T>(in[i]);
-  if constexpr (sizeof(v) == 16) {
-    __stcs(reinterpret_cast<float4*>(p), *reinterpret_cast<const float4*>(&v));
-  } else {
-    __stcs(reinterpret_cast<float2*>(p), *reinterpret_cast<const float2*>(&v));
   }
 }
 

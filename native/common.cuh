@@ -148,6 +148,22 @@ __device__ __forceinline__ void store_vec(T* __restrict__ p, const Vec<T, VEC>& 
   *reinterpret_cast<Vec<T, VEC>*>(p) = value;
 }
 
+// store_vec with the evict-first cache policy (st.global.cs): for results a
+// kernel writes once and does not read back, so that they leave L2 before the
+// rows the kernel gathers. A 2-byte element takes a plain store.
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec_once(T* __restrict__ p, const Vec<T, VEC>& value) {
+  if constexpr (sizeof(value) == 16) {
+    __stcs(reinterpret_cast<float4*>(p), *reinterpret_cast<const float4*>(&value));
+  } else if constexpr (sizeof(value) == 8) {
+    __stcs(reinterpret_cast<float2*>(p), *reinterpret_cast<const float2*>(&value));
+  } else if constexpr (sizeof(value) == 4) {
+    __stcs(reinterpret_cast<float*>(p), *reinterpret_cast<const float*>(&value));
+  } else {
+    store_vec<T, VEC>(p, value);
+  }
+}
+
 // Elements of scalar_t per 128-bit load: 4 for fp32, 8 for fp16/bf16.
 template <typename scalar_t>
 constexpr int vec_width() {

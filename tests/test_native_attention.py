@@ -501,20 +501,26 @@ def test_edge_balanced_forward_with_dropout_uses_the_fused_mask():
     assert relative_error(balanced, fused) <= FP32_TOLERANCE
 
 
-def gatv2_op_arguments():
-    """(graph, call, tensors) for calling the GATv2 kind's native ops directly, 2 heads x 8, on small_graph."""
+def op_arguments(kind="gatv2", seed=5):
+    """(graph, call, tensors) for calling the GATv2 or Dot kind's native ops directly, 2 heads x 8, on
+    small_graph."""
     graph = small_graph().to("cuda")
-    inputs = make_inputs("gatv2", graph, 2, 8, torch.float32, seed=5)
+    inputs = {name: t.detach() for name, t in make_inputs(kind, graph, 2, 8, torch.float32, seed=seed).items()}
+    gatv2 = kind == "gatv2"
     call = attention_native._make_call(
-        attention_native.GATV2, graph, 2, torch.device("cuda"), negative_slope=0.2, scale=1.0, dropout=0.0,
-        training=False, return_attention=False, weights_after_dropout=True,
+        attention_native.GATV2 if gatv2 else attention_native.DOT, graph, 2, torch.device("cuda"),
+        negative_slope=0.2 if gatv2 else 0.0, scale=1.0, dropout=0.0, training=False, return_attention=False,
+        weights_after_dropout=gatv2,
     )  # fmt: skip
-    tensors = (inputs["x_src"].detach(), None, inputs["x_dst"].detach(), None, None, inputs["att"].detach(), None)
+    if gatv2:
+        tensors = (inputs["x_src"], None, inputs["x_dst"], None, None, inputs["att"], None)
+    else:
+        tensors = (inputs["value"], inputs["key"], inputs["query"], None, None, None, None)
     return graph, call, tensors
 
 
 def test_edge_balanced_op_checks_slot_rows():
-    graph, call, tensors = gatv2_op_arguments()
+    graph, call, tensors = op_arguments()
     with pytest.raises(RuntimeError, match=r"attention_forward_edge_balanced: slot_rows must be a contiguous int32"):
         torch.ops.gnnio.attention_forward_edge_balanced(
             attention_native.GATV2, *call.csr_args(), *tensors, *call.score_args(), 0,
@@ -718,7 +724,7 @@ def test_row_dots_column_sums_match_fp64(heads, channels, aligned, dtype):
 
 
 def test_target_from_edges_refuses_other_kinds():
-    graph, call, tensors = gatv2_op_arguments()
+    graph, call, tensors = op_arguments()
     edge_grads = torch.ones(graph.num_edges, 2, device="cuda")
     with pytest.raises(RuntimeError, match=r"attention_backward_target_from_edges: kind must be 0 \(GAT\) or 2"):
         torch.ops.gnnio.attention_backward_target_from_edges(
@@ -834,13 +840,7 @@ def test_residual_added_at_the_store(heads, channels, dtype):
 
 
 def test_forward_refuses_a_residual_of_the_wrong_shape():
-    graph = small_graph().to("cuda")
-    inputs = make_inputs("transformer", graph, 2, 8, torch.float32, seed=71)
-    call = attention_native._make_call(
-        attention_native.DOT, graph, 2, torch.device("cuda"), negative_slope=0.0, scale=1.0, dropout=0.0,
-        training=False, return_attention=False, weights_after_dropout=False,
-    )  # fmt: skip
-    tensors = (inputs["value"], inputs["key"], inputs["query"], None, None, None, None)
-    short = inputs["query"].detach()[:-1]
+    _, call, tensors = op_arguments("transformer", seed=71)
+    short = tensors[2][:-1]  # a query row short
     with pytest.raises(RuntimeError, match=r"attention_forward: residual must have shape"):
-        call.forward(tuple(t.detach() if t is not None else None for t in tensors), None, short)
+        call.forward(tensors, None, short)

@@ -102,8 +102,7 @@ def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor, product: 
         return False  # a double backward's products: the native one has no derivative of its own
     if dispatch.pick("projection", x, *others) != "native":
         return False
-    properties = dispatch.cuda_properties(x.device)
-    return (properties.major, properties.minor) >= (8, 0)
+    return dispatch.cuda_properties(x.device).major >= 8
 
 
 def parameter_gradients_use_split_tf32(grads: Sequence[Tensor], rows: Tensor) -> bool:
