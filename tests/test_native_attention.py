@@ -766,13 +766,14 @@ def hot_share_for(graph, hot_nodes, row_bytes):
     return f"{hot_nodes * 2 * row_bytes / l2_bytes:.8f}"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("ahead", ["1", "0"], ids=["gathered-ahead", "per-step"])
-@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16)])
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (2, 64)])
 def test_dot_passes_gathered_ahead_or_per_step_match_the_oracle(heads, channels, ahead, dtype, monkeypatch):
-    """Dot's 4-wide passes without edge features gather ahead through shared memory, with L2 hints on
-    most rows here (GNNIO_ATTENTION_AHEAD=0 runs the per-step passes): both must match the fp64
-    reference (16-bit: within twice torch's error) on the hub graph, split rows and empty rows included."""
+    """Dot's passes without edge features gather ahead through shared memory (4-wide; the 16-bit forward
+    8-wide, two edge groups per warp), with L2 hints on most rows here (GNNIO_ATTENTION_AHEAD=0 runs the
+    per-step passes): both must match the fp64 reference (16-bit: within twice torch's error) on the hub
+    graph, split rows and empty rows included."""
     monkeypatch.setenv("GNNIO_ATTENTION_AHEAD", ahead)
     graph = small_graph().to("cuda")
     element = torch.empty((), dtype=dtype).element_size()
