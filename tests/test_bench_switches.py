@@ -34,4 +34,9 @@ def test_without_a_gpu_the_bench_exits_with_an_error(capsys):
     if switches.torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     assert switches.main(["--variant", "A=1", "--graph", "cora"]) == 2
-    assert capsys.readouterr().err.startswith("error: ")
+    assert capsys.readouterr().err == "error: the switches bench times the CUDA kernels, and no GPU is visible to torch\n"
+
+
+def test_no_rounds_is_a_one_line_error(capsys):
+    assert switches.main(["--variant", "A=1", "--rounds", "0"]) == 2
+    assert capsys.readouterr().err == "error: --rounds and --repeat must be at least 1, got 0 and 5\n"

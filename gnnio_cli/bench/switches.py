@@ -89,9 +89,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)
     try:
+        if args.rounds < 1 or args.repeat < 1:
+            raise GnnioError(f"--rounds and --repeat must be at least 1, got {args.rounds} and {args.repeat}")
         for variant in args.variant:
             parse_variant(variant)
-        device = workloads.check_device("cuda")
+        if not torch.cuda.is_available():
+            raise GnnioError("the switches bench times the CUDA kernels, and no GPU is visible to torch")
+        device = torch.device("cuda")
         named = catalog.resolve(args.graph)
         results = []
         for layer in [item.strip() for item in args.layer.split(",") if item.strip()]:
