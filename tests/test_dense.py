@@ -278,3 +278,35 @@ def test_attention_layers_with_split_tf32_projections_match_fp64(layer_name, mon
     assert ran == "split-tf32"
     for actual, expected, baseline in zip(split, oracle, cublas):
         check_fp32_accuracy(actual, expected, baseline)
+
+
+@on_gpu
+def test_gat_h_alone_takes_split_tf32_where_only_it_fills_the_tiles(monkeypatch):
+    """GATConv with H*C = 128 under auto: h and its 8 score columns together fill too little of the kernel's
+    tiles, h alone fills them, so h takes the kernel and the score terms torch's GEMM; the layer's output and
+    every gradient stay as close to fp64 as with torch's GEMMs throughout."""
+    import gnnio_cli.nn as gnnio_nn
+    from testing import random_graph
+
+    nodes = 1024  # whole 128-row tiles
+    graph = random_graph(nodes, 8000, hub_degree=600, seed=31)
+    torch.manual_seed(31)
+    layer = gnnio_nn.GATConv(128, 32, heads=4)
+    x = randn(nodes, 128, generator=torch.Generator().manual_seed(32))
+    grad_out = randn(nodes, 128, generator=torch.Generator().manual_seed(33))
+
+    def step(device, dtype, choice):
+        monkeypatch.setenv(dense.MATMUL_ENV, choice)
+        module = layer.to(device=device, dtype=dtype)
+        inputs = x.to(device=device, dtype=dtype).requires_grad_()
+        dispatch.reset()
+        out = module(inputs, graph.to(device))
+        grads = torch.autograd.grad(out, [inputs, *module.parameters()], grad_out.to(device=device, dtype=dtype))
+        return [out.detach(), *grads], dispatch.ran().get("projection")
+
+    oracle, _ = step("cpu", torch.float64, "cublas")
+    auto, ran = step("cuda", torch.float32, "auto")
+    cublas, _ = step("cuda", torch.float32, "cublas")
+    assert ran == "split-tf32"
+    for actual, expected, baseline in zip(auto, oracle, cublas):
+        check_fp32_accuracy(actual, expected, baseline)

@@ -59,7 +59,8 @@ class _ProjectWithScores(torch.autograd.Function):
     d W[k*C + c] += sum_j v_j[k, c] g_S[j*H + k] and d v_j[k, c] = <g_S[j*H + k], W[k*C + c]>.
     Where ops.dense picks its split-TF32 kernel, h and the score terms are one product, and so are x's
     gradient and [g_h, g_dots]^T @ x over the packed rows (by default only where that fills the kernel's
-    tiles: with H*C = 128 the 136 columns of h and scores do not, and torch's GEMMs take all three).
+    tiles: with H*C = 128 the 136 columns of h and scores do not; then h alone, which fills them, takes
+    the kernel, and torch's GEMMs the score terms and the backward's products).
     """
 
     @staticmethod
@@ -67,7 +68,15 @@ class _ProjectWithScores(torch.autograd.Function):
         heads = vectors[0].shape[-2]
         widths = [weight.shape[0], len(vectors) * heads]
         split_tf32 = dense.uses_split_tf32(x, widths, weight, product=dense.projection_product(x, widths))
-        h = None if split_tf32 else F.linear(x, weight)  # torch's GEMM first: the GPU starts while S is formed
+        # h's product first, so the GPU starts while S is formed: the split-TF32 kernel's where h alone fills
+        # its tiles (H*C = 128: the 136 columns of h and the scores would not), else torch's GEMM
+        h_split_tf32 = not split_tf32 and dense.uses_split_tf32(
+            x, widths[:1], weight, product=dense.projection_product(x, widths[:1]))
+        h = None
+        if h_split_tf32:
+            h = dense.project(x, [weight], [None])[0]
+        elif not split_tf32:
+            h = F.linear(x, weight)
         stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
         score_weight = _score_weight(weight, stacked)
         if split_tf32:
