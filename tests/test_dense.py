@@ -249,6 +249,27 @@ def test_projection_bench_says_it_needs_a_gpu(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def check_layer_takes_split_tf32(layer, graph, x, grad_out, choice, monkeypatch):
+    """The layer's output and every gradient on CUDA fp32 under GNNIO_FP32_MATMUL=`choice`: its projections
+    took the split-TF32 kernel, and the results are as close to fp64 as with torch's GEMMs throughout."""
+
+    def step(device, dtype, matmul):
+        monkeypatch.setenv(dense.MATMUL_ENV, matmul)
+        module = layer.to(device=device, dtype=dtype)
+        inputs = x.to(device=device, dtype=dtype).requires_grad_()
+        dispatch.reset()
+        out = module(inputs, graph.to(device))
+        grads = torch.autograd.grad(out, [inputs, *module.parameters()], grad_out.to(device=device, dtype=dtype))
+        return [out.detach(), *grads], dispatch.ran().get("projection")
+
+    oracle, _ = step("cpu", torch.float64, "cublas")
+    chosen, ran = step("cuda", torch.float32, choice)
+    cublas, _ = step("cuda", torch.float32, "cublas")
+    assert ran == "split-tf32"
+    for actual, expected, baseline in zip(chosen, oracle, cublas):
+        check_fp32_accuracy(actual, expected, baseline)
+
+
 @on_gpu
 @pytest.mark.parametrize("layer_name", ["GATConv", "GATv2Conv", "TransformerConv"])
 def test_attention_layers_with_split_tf32_projections_match_fp64(layer_name, monkeypatch):
@@ -262,22 +283,7 @@ def test_attention_layers_with_split_tf32_projections_match_fp64(layer_name, mon
     layer = getattr(gnnio_nn, layer_name)(64, 16, heads=4)
     x = randn(300, 64, generator=torch.Generator().manual_seed(22))
     grad_out = randn(300, 64, generator=torch.Generator().manual_seed(23))
-
-    def step(device, dtype, choice):
-        monkeypatch.setenv(dense.MATMUL_ENV, choice)
-        module = layer.to(device=device, dtype=dtype)
-        inputs = x.to(device=device, dtype=dtype).requires_grad_()
-        dispatch.reset()
-        out = module(inputs, graph.to(device))
-        grads = torch.autograd.grad(out, [inputs, *module.parameters()], grad_out.to(device=device, dtype=dtype))
-        return [out.detach(), *grads], dispatch.ran().get("projection")
-
-    oracle, _ = step("cpu", torch.float64, "cublas")
-    split, ran = step("cuda", torch.float32, "split-tf32")
-    cublas, _ = step("cuda", torch.float32, "cublas")
-    assert ran == "split-tf32"
-    for actual, expected, baseline in zip(split, oracle, cublas):
-        check_fp32_accuracy(actual, expected, baseline)
+    check_layer_takes_split_tf32(layer, graph, x, grad_out, "split-tf32", monkeypatch)
 
 
 @on_gpu
@@ -294,19 +300,4 @@ def test_gat_h_alone_takes_split_tf32_where_only_it_fills_the_tiles(monkeypatch)
     layer = gnnio_nn.GATConv(128, 32, heads=4)
     x = randn(nodes, 128, generator=torch.Generator().manual_seed(32))
     grad_out = randn(nodes, 128, generator=torch.Generator().manual_seed(33))
-
-    def step(device, dtype, choice):
-        monkeypatch.setenv(dense.MATMUL_ENV, choice)
-        module = layer.to(device=device, dtype=dtype)
-        inputs = x.to(device=device, dtype=dtype).requires_grad_()
-        dispatch.reset()
-        out = module(inputs, graph.to(device))
-        grads = torch.autograd.grad(out, [inputs, *module.parameters()], grad_out.to(device=device, dtype=dtype))
-        return [out.detach(), *grads], dispatch.ran().get("projection")
-
-    oracle, _ = step("cpu", torch.float64, "cublas")
-    auto, ran = step("cuda", torch.float32, "auto")
-    cublas, _ = step("cuda", torch.float32, "cublas")
-    assert ran == "split-tf32"
-    for actual, expected, baseline in zip(auto, oracle, cublas):
-        check_fp32_accuracy(actual, expected, baseline)
+    check_layer_takes_split_tf32(layer, graph, x, grad_out, "auto", monkeypatch)

@@ -70,13 +70,10 @@ class _ProjectWithScores(torch.autograd.Function):
         split_tf32 = dense.uses_split_tf32(x, widths, weight, product=dense.projection_product(x, widths))
         # h's product first, so the GPU starts while S is formed: the split-TF32 kernel's where h alone fills
         # its tiles (H*C = 128: the 136 columns of h and the scores would not), else torch's GEMM
-        h_split_tf32 = not split_tf32 and dense.uses_split_tf32(
-            x, widths[:1], weight, product=dense.projection_product(x, widths[:1]))
-        h = None
-        if h_split_tf32:
-            h = dense.project(x, [weight], [None])[0]
-        elif not split_tf32:
-            h = F.linear(x, weight)
+        h = None  # with split_tf32, h comes with the score terms below
+        if not split_tf32:
+            h_fills = dense.uses_split_tf32(x, widths[:1], weight, product=dense.projection_product(x, widths[:1]))
+            h = dense.project(x, [weight], [None])[0] if h_fills else F.linear(x, weight)
         stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
         score_weight = _score_weight(weight, stacked)
         if split_tf32:
