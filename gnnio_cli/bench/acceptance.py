@@ -124,7 +124,7 @@ def run_spmm_suite(graphs, out: Path) -> list[Verdict]:
             bf16 = _compare(graph, SPMM_LAYERS + REDUCE_LAYERS, [], "aggregation", dtype="bf16")
             _write(out / f"spmm_{_label(graph)}_bf16.json", bf16)
             verdicts += _bf16_verdicts("spmm", graph, fp32, bf16)
-            layers = _compare(graph, ["gcn", "sage-max"], ["pyg"], "layer", repeat=5)
+            layers = _compare(graph, ["gcn", "sage-max"], ["pyg"], "layer")
             _write(out / f"spmm_{_label(graph)}_layers.json", layers)
             verdicts += _layer_verdicts("spmm", graph, layers, 10.0, ("fraction_of_pyg", 1 / 8))
         torch.cuda.empty_cache()
@@ -142,7 +142,7 @@ def run_attention_suite(graphs, out: Path) -> list[Verdict]:
             bf16 = _compare(graph, ATTENTION_LAYERS, [], "aggregation", dtype="bf16")
             _write(out / f"attention_{_label(graph)}_bf16.json", bf16)
             verdicts += _bf16_verdicts("attention", graph, fp32, bf16)
-            layers = _compare(graph, ["gatv2", "transformer", "gat"], ["pyg"], "layer", repeat=5)
+            layers = _compare(graph, ["gatv2", "transformer", "gat"], ["pyg"], "layer")
             _write(out / f"attention_{_label(graph)}_layers.json", layers)
             verdicts += _layer_verdicts("attention", graph, layers, 15.0, ("absolute_mib", 4.5 * 1000**3 / 2**20))
             verdicts += _super_node_verdicts(graph, out)
@@ -205,7 +205,7 @@ def run_dropin_suite(graphs, out: Path) -> list[Verdict]:
                 out = model(x, edge_index)
                 out.backward(grad)
                 return out
-            timing = time_call(step, device, warmup=2, repeat=5)
+            timing = time_call(step, device, warmup=2, repeat=10)
             peak = peak_memory_bytes(step, device)
             document[label] = {"train_ms": asdict(timing), "peak_train_mib": None if peak is None else peak / 2**20}
             with torch.no_grad():
