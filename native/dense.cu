@@ -24,7 +24,10 @@
 // outputs (the forward writes q, k, v and skip into four tensors; the input
 // gradient reads four gradients as one K = 512 operand).
 //
-// Kernels (matmul_split_tf32, at the bottom, picks them):
+// Ops (at the bottom): matmul_split_tf32, any product of segmented
+// operands; project_split_tf32, a layer's projections of one x, reading its
+// weights and biases where they lie (no concatenation before the product).
+// Kernels (run_product picks them):
 // - gemm_split_tf32_kernel: any product; persistent blocks of 128 x 128
 //   tiles with a cp.async pipeline, the multiply a policy: WarpMma
 //   (mma.sync, sm_80+) or WarpgroupMma (wgmma, sm_90a), the latter with B
@@ -32,7 +35,9 @@
 // - gemm_resident_b_kernel: the forward of a layer's projections on sm_90a
 //   (K <= 128, small B): each block keeps its slice of split B in shared
 //   memory, each warpgroup runs its own pipeline.
-// - presplit_b_kernel: a small B (the weights) into its TF32 halves, once.
+// - presplit_b_kernel: a small B (the weights) into its TF32 halves, once;
+//   presplit_weights_kernel: the same from a layer's separate weights, with
+//   their biases stacked beside.
 // - reduce_splits_kernel: the in-order sum of a split K's partial tiles.
 #include "common.cuh"
 
@@ -113,6 +118,39 @@ struct ColumnSegments {
   __device__ __forceinline__ P at(int64_t row, int64_t col) const {
     const Segment segment = segment_of(col);
     return segment.ptr + row * segment.width + (col - segment.begin);
+  }
+};
+
+// A layer's weights W_i [w_i, K] (each a contiguous row-major tensor)
+// stacked along their rows as one [N, K] matrix, the B^T of its projections'
+// product, with their biases (null where a projection has none). The
+// projection op reads them where they lie: the forward's first launch is
+// then the split of B itself, with no concatenation before it (the host's
+// time to the first launch is time the GPU waits at the start of a step).
+struct StackedRows {
+  const float* ptr[kMaxSegments];
+  const float* bias[kMaxSegments];
+  int64_t start[kMaxSegments + 1];  // block s holds rows [start[s], start[s + 1])
+  int count;
+  int64_t cols;
+
+  // Blocks selected with constant indices, as in ColumnSegments::segment_of.
+  __device__ __forceinline__ const float* at(int64_t row, int64_t col) const {
+    const float* base = ptr[0];
+    int64_t first = 0;
+#pragma unroll
+    for (int j = 1; j < kMaxSegments; ++j)
+      if (j < count && row >= start[j]) base = ptr[j], first = start[j];
+    return base + (row - first) * cols + col;
+  }
+
+  __device__ __forceinline__ float bias_at(int64_t row) const {
+    const float* values = bias[0];
+    int64_t first = 0;
+#pragma unroll
+    for (int j = 1; j < kMaxSegments; ++j)
+      if (j < count && row >= start[j]) values = bias[j], first = start[j];
+    return values != nullptr ? values[row - first] : 0.f;
   }
 };
 
@@ -941,10 +979,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_resident_b_kernel(const Gemm
 
 // B (either orientation) -> b_split: for each n-tile, each k-tile's hi and
 // lo halves in the wgmma multiply's layout (zeros outside B), so the product
-// copies B's tiles into its stages as they are.
-template <bool B_K_MAJOR>
-__global__ void presplit_b_kernel(const ColumnSegments<const float*> b, int64_t n, int64_t k,
-                                  float* __restrict__ b_split) {
+// copies B's tiles into its stages as they are. Matrix: ColumnSegments, or
+// StackedRows (K-major).
+template <bool B_K_MAJOR, typename Matrix>
+__device__ __forceinline__ void presplit_b(const Matrix& b, int64_t n, int64_t k, float* __restrict__ b_split) {
   const int64_t k_tiles = (k + kTileK - 1) / kTileK;
   const int64_t chunks = (n + kTileN - 1) / kTileN * k_tiles * kSplitChunks;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
@@ -964,6 +1002,23 @@ __global__ void presplit_b_kernel(const ColumnSegments<const float*> b, int64_t 
     reinterpret_cast<uint4*>(halves)[chunk] = make_uint4(high[0], high[1], high[2], high[3]);
     reinterpret_cast<uint4*>(halves + kSplitFloats)[chunk] = make_uint4(low[0], low[1], low[2], low[3]);
   }
+}
+
+template <bool B_K_MAJOR>
+__global__ void presplit_b_kernel(const ColumnSegments<const float*> b, int64_t n, int64_t k,
+                                  float* __restrict__ b_split) {
+  presplit_b<B_K_MAJOR>(b, n, k, b_split);
+}
+
+// A layer's stacked weights -> b_split, and their biases -> stacked_bias [N]
+// (zeros for a projection without one; null when none has one).
+__global__ void presplit_weights_kernel(const StackedRows weights, int64_t n, int64_t k, float* __restrict__ b_split,
+                                        float* __restrict__ stacked_bias) {
+  presplit_b<true>(weights, n, k, b_split);
+  if (stacked_bias == nullptr) return;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    stacked_bias[i] = weights.bias_at(i);
 }
 
 // C = sum over splits of the partial tiles (+ bias), in split order and
@@ -989,26 +1044,28 @@ __global__ void reduce_splits_kernel(const float* __restrict__ partial, int64_t 
 }
 
 constexpr const char* kOp = "gnnio::matmul_split_tf32";
+constexpr const char* kProjectOp = "gnnio::project_split_tf32";
 
 // Checks `blocks` (fp32, CUDA, 2-D, contiguous, equal row counts, widths
 // multiples of 4, 16-byte aligned) and views them as one matrix: the
 // operands (P = const float*) and the outputs (float*).
 template <typename P>
-ColumnSegments<P> column_segments(at::TensorList blocks, const char* name, const at::Device& device) {
-  GNNIO_CHECK(!blocks.empty() && blocks.size() <= kMaxSegments, kOp, name, " takes 1 to ", kMaxSegments,
+ColumnSegments<P> column_segments(at::TensorList blocks, const char* name, const at::Device& device,
+                                  const char* op = kOp) {
+  GNNIO_CHECK(!blocks.empty() && blocks.size() <= kMaxSegments, op, name, " takes 1 to ", kMaxSegments,
               " tensors, got ", blocks.size());
   ColumnSegments<P> matrix{};
   matrix.count = static_cast<int>(blocks.size());
   matrix.rows = blocks[0].dim() == 2 ? blocks[0].size(0) : -1;
   for (size_t s = 0; s < blocks.size(); ++s) {
     const at::Tensor& block = blocks[s];
-    GNNIO_CHECK(block.device() == device, kOp, name, "[", s, "] must be on ", device, ", got ", block.device());
-    GNNIO_CHECK(block.scalar_type() == at::kFloat, kOp, name, "[", s, "] must be float32, got ",
+    GNNIO_CHECK(block.device() == device, op, name, "[", s, "] must be on ", device, ", got ", block.device());
+    GNNIO_CHECK(block.scalar_type() == at::kFloat, op, name, "[", s, "] must be float32, got ",
                 block.scalar_type());
-    GNNIO_CHECK(block.dim() == 2 && block.size(0) == matrix.rows, kOp, name, "[", s, "] must be [", matrix.rows,
+    GNNIO_CHECK(block.dim() == 2 && block.size(0) == matrix.rows, op, name, "[", s, "] must be [", matrix.rows,
                 ", width], got shape ", block.sizes());
-    GNNIO_CHECK(block.is_contiguous(), kOp, name, "[", s, "] must be contiguous");
-    GNNIO_CHECK(block.size(1) % kChunk == 0 && reinterpret_cast<uintptr_t>(block.data_ptr()) % 16 == 0, kOp, name,
+    GNNIO_CHECK(block.is_contiguous(), op, name, "[", s, "] must be contiguous");
+    GNNIO_CHECK(block.size(1) % kChunk == 0 && reinterpret_cast<uintptr_t>(block.data_ptr()) % 16 == 0, op, name,
                 "[", s, "] needs a width that is a multiple of 4 and a 16-byte aligned start, got width ",
                 block.size(1));
     matrix.ptr[s] = block.data_ptr<float>();
@@ -1070,6 +1127,121 @@ void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, bool wgmm
   }
 }
 
+// Whether B (small beside A: a layer's weights, in the forward and the
+// input gradient, where A is K-major) is split once before the product, so
+// the product's blocks copy it split. GNNIO_SPLIT_TF32_PRESPLIT=0 keeps the
+// split in the product.
+bool presplit_fits(const GemmArgs& args, bool a_transposed, bool wgmma) {
+  const char* choice = std::getenv("GNNIO_SPLIT_TF32_PRESPLIT");
+  return wgmma && !a_transposed && args.k > 0 && args.n * 16 <= args.m &&
+         !(choice != nullptr && std::string(choice) == "0");
+}
+
+// Above 48 KiB of dynamic shared memory a kernel must opt in, once per device it runs on.
+void allow_resident_shared_memory(int device) {
+  static std::mutex mutex;
+  static std::vector<bool> allowed;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (allowed.size() <= static_cast<size_t>(device)) allowed.resize(device + 1, false);
+  if (!allowed[device]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_resident_b_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kResidentSharedBytes));
+    allowed[device] = true;
+  }
+}
+
+// The product behind both ops, with args' operands (args.b unused where
+// `weights` is given: then B^T is a layer's stacked weights, split before the
+// product, which presplit_fits must allow) and shape set. bias: C's [N], or
+// null (with `weights`, their biases are used instead).
+std::vector<at::Tensor> run_product(GemmArgs& args, const at::Tensor& a0, bool a_transposed, bool b_transposed,
+                                    const float* bias, c10::IntArrayRef out_widths, bool row_sums,
+                                    const StackedRows* weights) {
+  const at::Device device = a0.device();
+  const cudaDeviceProp* properties = at::cuda::getCurrentDeviceProperties();
+  const auto options = a0.options();
+  std::vector<at::Tensor> outputs;
+  for (int64_t width : out_widths) outputs.push_back(at::empty({args.m, width}, options));
+  args.out = column_segments<float*>(outputs, "out", device);
+  at::Tensor sums = row_sums ? at::empty({args.m}, options) : at::Tensor();
+  const int64_t k_tiles = (args.k + kTileK - 1) / kTileK;
+  const int64_t n_tiles = (args.n + kTileN - 1) / kTileN;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool wgmma = wgmma_built(device.index());
+  const bool presplit = weights != nullptr || presplit_fits(args, a_transposed, wgmma);
+
+  // B split first: the product waits for it (launched before the rest of the host's work).
+  at::Tensor b_split;
+  if (presplit) {
+    const int64_t chunks = n_tiles * k_tiles * kSplitChunks;
+    bool weights_biased = false;
+    for (int s = 0; weights != nullptr && s < weights->count; ++s) weights_biased |= weights->bias[s] != nullptr;
+    // the weights' stacked biases, if any, after the split halves
+    b_split = at::empty({chunks * 2 * kChunk + (weights_biased ? args.n : 0)}, options);
+    float* const split = b_split.data_ptr<float>();
+    args.b_split = split;
+    const int threads = 256;
+    const int64_t blocks = std::min<int64_t>((chunks + threads - 1) / threads, 8 * properties->multiProcessorCount);
+    if (weights != nullptr) {
+      float* const stacked_bias = weights_biased ? split + chunks * 2 * kChunk : nullptr;
+      presplit_weights_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(*weights, args.n, args.k, split,
+                                                                                      stacked_bias);
+      bias = stacked_bias;
+    } else if (b_transposed) {
+      presplit_b_kernel<true><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args.b, args.n, args.k, split);
+    } else {
+      presplit_b_kernel<false><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args.b, args.n, args.k, split);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  // Split K when there are too few tiles of C to give every SM two
+  // (weight gradients: [512, 128] from K = 1M rows), keeping at least four
+  // k-tiles per split.
+  const int64_t tiles = ((args.m + kTileM - 1) / kTileM) * n_tiles;
+  const int64_t wanted = (2 * static_cast<int64_t>(properties->multiProcessorCount) + tiles - 1) / tiles;
+  int64_t splits = std::max<int64_t>(1, std::min(wanted, k_tiles / 4));
+  args.k_tiles_per_split = std::max<int64_t>(1, (k_tiles + splits - 1) / splits);
+  splits = std::max<int64_t>(1, (k_tiles + args.k_tiles_per_split - 1) / args.k_tiles_per_split);
+  at::Tensor partial, partial_sums;
+  if (splits > 1) {
+    partial = at::empty({splits, args.m, args.n}, options);
+    args.partial = partial.data_ptr<float>();
+    if (row_sums) partial_sums = at::empty({splits, args.m}, options);
+  }
+  args.bias = splits == 1 ? bias : nullptr;
+  args.row_sums = !row_sums ? nullptr : (splits > 1 ? partial_sums.data_ptr<float>() : sums.data_ptr<float>());
+
+  const int64_t items = tiles * splits;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(items, properties->multiProcessorCount));
+  // Operand orientations: A stored [M, K] unless transposed; B stored [K, N] unless transposed.
+  if (presplit && k_tiles <= kResidentKTiles && n_tiles <= properties->multiProcessorCount) {
+    const unsigned resident_blocks = properties->multiProcessorCount / n_tiles * n_tiles;  // n-tile = block % n_tiles
+    allow_resident_shared_memory(device.index());
+    gemm_resident_b_kernel<<<resident_blocks, kThreads, kResidentSharedBytes, stream>>>(args, static_cast<int>(n_tiles));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else if (!a_transposed && b_transposed)
+    launch_gemm<true, true>(args, items, blocks, wgmma, stream);
+  else if (!a_transposed)
+    launch_gemm<true, false>(args, items, blocks, wgmma, stream);
+  else if (b_transposed)
+    launch_gemm<false, true>(args, items, blocks, wgmma, stream);
+  else
+    launch_gemm<false, false>(args, items, blocks, wgmma, stream);
+
+  if (splits > 1) {
+    const int64_t total = args.m * args.n + (row_sums ? args.m : 0);
+    const int threads = 256;
+    const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 8 * properties->multiProcessorCount);
+    reduce_splits_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        args.partial, splits, args.m, args.n, bias, args.out,
+        partial_sums.defined() ? partial_sums.data_ptr<float>() : nullptr, row_sums ? sums.data_ptr<float>() : nullptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (row_sums) outputs.push_back(sums);
+  return outputs;
+}
+
 // See the schema below.
 std::vector<at::Tensor> matmul_split_tf32(at::TensorList a, bool a_transposed, at::TensorList b, bool b_transposed,
                                           const std::optional<at::Tensor>& bias, c10::IntArrayRef out_widths,
@@ -1104,87 +1276,74 @@ std::vector<at::Tensor> matmul_split_tf32(at::TensorList a, bool a_transposed, a
                 kOp, "bias must be a contiguous float32 [", args.n, "] on ", device, ", got ", bias->scalar_type(),
                 " of shape ", bias->sizes());
   }
-
-  const auto options = a[0].options();
-  std::vector<at::Tensor> outputs;
-  for (int64_t width : out_widths) outputs.push_back(at::empty({args.m, width}, options));
   if (args.m == 0 || args.n == 0) {  // nothing to multiply; A's row sums may still be asked for
+    std::vector<at::Tensor> outputs;
+    for (int64_t width : out_widths) outputs.push_back(at::empty({args.m, width}, a[0].options()));
     if (row_sums) outputs.push_back(at::cat(a, 1).sum(0));
     return outputs;
   }
-  args.out = column_segments<float*>(outputs, "out", device);
-  at::Tensor sums = row_sums ? at::empty({args.m}, options) : at::Tensor();
+  return run_product(args, a[0], a_transposed, b_transposed, bias.has_value() ? bias->data_ptr<float>() : nullptr,
+                     out_widths, row_sums, nullptr);
+}
 
-  // Split K when there are too few tiles of C to give every SM two
-  // (weight gradients: [512, 128] from K = 1M rows), keeping at least four
-  // k-tiles per split.
-  const int64_t tiles = ((args.m + kTileM - 1) / kTileM) * ((args.n + kTileN - 1) / kTileN);
-  const int64_t k_tiles = (args.k + kTileK - 1) / kTileK;
-  const int64_t wanted = (2 * static_cast<int64_t>(properties->multiProcessorCount) + tiles - 1) / tiles;
-  int64_t splits = std::max<int64_t>(1, std::min(wanted, k_tiles / 4));
-  args.k_tiles_per_split = std::max<int64_t>(1, (k_tiles + splits - 1) / splits);
-  splits = std::max<int64_t>(1, (k_tiles + args.k_tiles_per_split - 1) / args.k_tiles_per_split);
-  at::Tensor partial, partial_sums;
-  if (splits > 1) {
-    partial = at::empty({splits, args.m, args.n}, options);
-    args.partial = partial.data_ptr<float>();
-    if (row_sums) partial_sums = at::empty({splits, args.m}, options);
-  }
-  args.bias = splits == 1 && bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  args.row_sums = !row_sums ? nullptr : (splits > 1 ? partial_sums.data_ptr<float>() : sums.data_ptr<float>());
-
-  const int64_t items = tiles * splits;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(items, properties->multiProcessorCount));
-  const int64_t n_tiles = (args.n + kTileN - 1) / kTileN;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool wgmma = wgmma_built(device.index());
-  // B small beside A (a layer's weights; the forward and the input gradient,
-  // where A is K-major): split once here, so the product's blocks copy it
-  // split. GNNIO_SPLIT_TF32_PRESPLIT=0 keeps the split in the product.
-  const char* presplit_choice = std::getenv("GNNIO_SPLIT_TF32_PRESPLIT");
-  const bool presplit = wgmma && !a_transposed && args.k > 0 && args.n * 16 <= args.m &&
-                        !(presplit_choice != nullptr && std::string(presplit_choice) == "0");
-  at::Tensor b_split;
-  if (presplit) {
-    const int64_t chunks = (args.n + kTileN - 1) / kTileN * k_tiles * kSplitChunks;
-    b_split = at::empty({chunks * 2 * kChunk}, options);
-    args.b_split = b_split.data_ptr<float>();
-    const int threads = 256;
-    const int64_t blocks = std::min<int64_t>((chunks + threads - 1) / threads, 8 * properties->multiProcessorCount);
-    if (b_transposed) {
-      presplit_b_kernel<true><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args.b, args.n, args.k, b_split.data_ptr<float>());
-    } else {
-      presplit_b_kernel<false><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args.b, args.n, args.k, b_split.data_ptr<float>());
+// See the schema below.
+std::vector<at::Tensor> project_split_tf32(const at::Tensor& x, at::TensorList weights,
+                                           const c10::List<std::optional<at::Tensor>>& biases) {
+  GNNIO_CHECK(x.is_cuda(), kProjectOp, "x must be a CUDA tensor");
+  const at::Device device = x.device();
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaDeviceProp* properties = at::cuda::getCurrentDeviceProperties();
+  GNNIO_CHECK(properties->major >= 8, kProjectOp, "TF32 tensor cores need compute capability 8.0 or newer, got ",
+              properties->major, ".", properties->minor);
+  GNNIO_CHECK(!weights.empty() && weights.size() <= kMaxSegments, kProjectOp, "weights takes 1 to ", kMaxSegments,
+              " tensors, got ", weights.size());
+  GNNIO_CHECK(biases.size() == weights.size(), kProjectOp, "biases must be one per weight (None for none): ",
+              weights.size(), " weights, ", biases.size(), " biases");
+  GemmArgs args{};
+  args.a = column_segments<const float*>(x, "x", device, kProjectOp);
+  args.m = args.a.rows;
+  args.k = args.a.start[1];
+  StackedRows stacked{};
+  stacked.count = static_cast<int>(weights.size());
+  stacked.cols = args.k;
+  std::vector<int64_t> widths;
+  bool any_bias = false;
+  for (size_t s = 0; s < weights.size(); ++s) {
+    const at::Tensor& weight = weights[s];
+    GNNIO_CHECK(weight.device() == device && weight.scalar_type() == at::kFloat && weight.dim() == 2 &&
+                    weight.size(1) == args.k && weight.size(0) % kChunk == 0 && weight.is_contiguous(),
+                kProjectOp, "weights[", s, "] must be a contiguous float32 [width, ", args.k,
+                "] on ", device, " with width a multiple of 4, got ", weight.scalar_type(), " of shape ",
+                weight.sizes());
+    stacked.ptr[s] = weight.data_ptr<float>();
+    stacked.start[s + 1] = stacked.start[s] + weight.size(0);
+    widths.push_back(weight.size(0));
+    const std::optional<at::Tensor> bias = biases.get(s);
+    if (bias.has_value()) {
+      GNNIO_CHECK(bias->device() == device && bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
+                      bias->size(0) == weight.size(0) && bias->is_contiguous(),
+                  kProjectOp, "biases[", s, "] must be a contiguous float32 [", weight.size(0), "] on ", device,
+                  ", got ", bias->scalar_type(), " of shape ", bias->sizes());
+      stacked.bias[s] = bias->data_ptr<float>();
+      any_bias = true;
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  // Operand orientations: A stored [M, K] unless transposed; B stored [K, N] unless transposed.
-  if (presplit && k_tiles <= kResidentKTiles && n_tiles <= properties->multiProcessorCount) {
-    const unsigned resident_blocks = properties->multiProcessorCount / n_tiles * n_tiles;  // n-tile = block % n_tiles
-    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_resident_b_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kResidentSharedBytes));
-    gemm_resident_b_kernel<<<resident_blocks, kThreads, kResidentSharedBytes, stream>>>(args, static_cast<int>(n_tiles));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  } else if (!a_transposed && b_transposed)
-    launch_gemm<true, true>(args, items, blocks, wgmma, stream);
-  else if (!a_transposed)
-    launch_gemm<true, false>(args, items, blocks, wgmma, stream);
-  else if (b_transposed)
-    launch_gemm<false, true>(args, items, blocks, wgmma, stream);
-  else
-    launch_gemm<false, false>(args, items, blocks, wgmma, stream);
-
-  if (splits > 1) {
-    const int64_t total = args.m * args.n + (row_sums ? args.m : 0);
-    const int threads = 256;
-    const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 8 * properties->multiProcessorCount);
-    reduce_splits_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        args.partial, splits, args.m, args.n, bias.has_value() ? bias->data_ptr<float>() : nullptr, args.out,
-        partial_sums.defined() ? partial_sums.data_ptr<float>() : nullptr, row_sums ? sums.data_ptr<float>() : nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  for (int s = stacked.count; s < kMaxSegments; ++s) stacked.ptr[s] = stacked.ptr[0];
+  args.n = stacked.start[stacked.count];
+  if (args.m == 0 || args.n == 0 || !presplit_fits(args, false, wgmma_built(device.index()))) {
+    // the general product, on the weights stacked and their biases (zeros where missing) concatenated
+    std::optional<at::Tensor> bias;
+    if (any_bias) {
+      std::vector<at::Tensor> parts;
+      for (size_t s = 0; s < weights.size(); ++s) {
+        const std::optional<at::Tensor> part = biases.get(s);
+        parts.push_back(part.has_value() ? *part : at::zeros({weights[s].size(0)}, x.options()));
+      }
+      bias = at::cat(parts);
+    }
+    return matmul_split_tf32(x, false, at::cat(weights), true, bias, widths, false);
   }
-  if (row_sums) outputs.push_back(sums);
-  return outputs;
+  return run_product(args, x, false, true, nullptr, widths, false, &stacked);
 }
 
 }  // namespace
@@ -1202,8 +1361,17 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def(
       "matmul_split_tf32(Tensor[] a, bool a_transposed, Tensor[] b, bool b_transposed, Tensor? bias, "
       "int[] out_widths, bool row_sums=False) -> Tensor[]");
+  // x @ W_i^T + b_i for each of a layer's projections of one x [M, K]:
+  // weights W_i [w_i, K] (w_i multiples of 4), biases b_i [w_i] or None, one
+  // per weight. The same product as matmul_split_tf32 on the weights stacked
+  // (b_transposed) and their biases concatenated, without the copies: on
+  // H100/H200 the weights are split where they lie. Returns [M, w_i] each.
+  m.def("project_split_tf32(Tensor x, Tensor[] weights, Tensor?[] biases) -> Tensor[]");
 }
 
-TORCH_LIBRARY_IMPL(gnnio, CUDA, m) { m.impl("matmul_split_tf32", &matmul_split_tf32); }
+TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
+  m.impl("matmul_split_tf32", &matmul_split_tf32);
+  m.impl("project_split_tf32", &project_split_tf32);
+}
 
 }  // namespace gnnio

@@ -100,6 +100,55 @@ def test_presplit_b_and_split_in_the_product_agree_with_fp64(presplit, b_transpo
     check_fp32_accuracy(torch.cat(out, dim=1), a64 @ b64 + bias64, torch_fp32)
 
 
+# (M, K, weights' widths): M >= 16 N splits the weights where they lie (H100/H200), K <= 128 keeps them
+# resident in shared memory; fewer rows take the general product on the weights concatenated
+PROJECTIONS = [
+    pytest.param(5000, 68, [36, 132, 4, 128], id="resident"),
+    pytest.param(9000, 260, [132, 60, 128, 8], id="presplit-k260"),
+    pytest.param(300, 68, [36, 132, 4, 128], id="few-rows"),
+    pytest.param(2048, 128, [128], id="one-weight"),
+]
+
+
+@pytest.mark.parametrize("m, k, widths", PROJECTIONS)
+@pytest.mark.parametrize(
+    "biased", [(True, False, True, False), (False,) * 4, (True,) * 4], ids=["mixed", "none", "all"]
+)
+@on_gpu
+def test_project_split_tf32_matches_fp64(m, k, widths, biased):
+    """x @ W_i^T + b_i for a layer's weights read where they lie (biases None or not), against fp64."""
+    generator = torch.Generator().manual_seed(m + k + sum(biased))
+    x64 = torch.randn(m, k, dtype=torch.float64, generator=generator)
+    weights64 = [torch.randn(w, k, dtype=torch.float64, generator=generator) for w in widths]
+    biases64 = [torch.randn(w, dtype=torch.float64, generator=generator) if b else None for w, b in zip(widths, biased)]
+    cuda = lambda t: None if t is None else t.float().cuda()
+    poison_cuda_cache(4 * m * sum(widths) * 8)
+    outputs = torch.ops.gnnio.project_split_tf32(cuda(x64), [cuda(w) for w in weights64], [cuda(b) for b in biases64])
+    assert [tuple(out.shape) for out in outputs] == [(m, w) for w in widths]
+    for out, w64, b64 in zip(outputs, weights64, biases64):
+        oracle = F.linear(x64, w64, b64)
+        check_fp32_accuracy(out, oracle, F.linear(cuda(x64), cuda(w64), cuda(b64)))
+
+
+@on_gpu
+@pytest.mark.parametrize(
+    "weights, biases, message",
+    [
+        pytest.param([(8, 16)], [None, None], "one per weight", id="bias-count"),
+        pytest.param([(8, 16)], [(4,)], r"biases\[0\] must be a contiguous float32 \[8\]", id="bias-shape"),
+        pytest.param([(6, 16)], [None], "width a multiple of 4", id="width-6"),
+        pytest.param([(8, 12)], [None], r"weights\[0\] must be a contiguous float32 \[width, 16\]", id="k-mismatch"),
+        pytest.param([(8, 16)] * 5, [None] * 5, "weights takes 1 to 4", id="five-weights"),
+    ],
+)
+def test_project_split_tf32_refuses_bad_shapes(weights, biases, message):
+    x = torch.randn(64, 16, device="cuda")
+    weights = [torch.randn(*shape, device="cuda") for shape in weights]
+    biases = [None if shape is None else torch.randn(*shape, device="cuda") for shape in biases]
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.gnnio.project_split_tf32(x, weights, biases)
+
+
 @on_gpu
 def test_split_k_is_deterministic():
     generator = torch.Generator().manual_seed(11)

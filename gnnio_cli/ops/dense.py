@@ -134,28 +134,21 @@ def bias_gradient(grad: Tensor) -> Tensor:
 
 
 def project(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, ...]:
-    """(x @ w_i^T + b_i for each i): x [*, F], w_i [width_i, F], b_i [width_i] or None -> [*, width_i] each."""
+    """(x @ w_i^T + b_i for each i): x [*, F], w_i [width_i, F], b_i [width_i] or None -> [*, width_i] each.
+
+    The kernel's op reads the weights and biases where they lie: a layer's
+    forward starts on the GPU only when the host reaches this product's first
+    launch, so no copies (or their host time) come before it.
+    """
     widths = [w.shape[0] for w in weights]
     product = projection_product(x, widths)
     if not uses_split_tf32(x, widths, *weights, *[b for b in biases if b is not None], product=product):
         return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
     dispatch.record("projection", "split-tf32")
-    stacked, bias = _stacked_with_bias(weights, biases)
-    outputs = torch.ops.gnnio.matmul_split_tf32([_aligned_rows(x)], False, [stacked], True, bias, widths)
+    outputs = torch.ops.gnnio.project_split_tf32(
+        _aligned_rows(x), [w.contiguous() for w in weights], [b if b is None else b.contiguous() for b in biases]
+    )
     return tuple(out.view(*x.shape[:-1], out.shape[-1]) for out in outputs)
-
-
-def _stacked_with_bias(weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, Optional[Tensor]]:
-    """The weights stacked [sum of widths, F] and their biases [sum of widths] (zeros for a missing one, None
-    when all are), from one concatenation: the forward's first launch waits for these copies, and each
-    launch costs the host tens of microseconds before the product can start."""
-    if all(b is None for b in biases):
-        return _stacked(weights), None
-    parts = [w.reshape(-1) for w in weights]
-    parts += [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)]
-    flat = torch.cat(parts)
-    size = sum(w.numel() for w in weights)
-    return flat[:size].view(-1, weights[0].shape[1]), flat[size:]
 
 
 def project_input_gradient(grads: Sequence[Tensor], weights: Sequence[Tensor]) -> Tensor:
