@@ -39,3 +39,16 @@ def test_spmm_yardstick_ignores_one_slow_sample():
 
     result = {"results": [row(1.9), row(2.46), row(1.95), row(1.89)]}
     assert acceptance.spmm_yardstick_ms(result) == pytest.approx(1.925)
+
+
+def test_super_node_correctness_checks_every_kind(tmp_path):
+    """The super node's row against fp64 and every tensor against the reference, for each attention kind (CPU:
+    the library's path there is the reference itself, so only the checks' code is exercised)."""
+    acceptance.configure("cpu", "grid6", super_node_degree=200)
+    document, verdicts = acceptance._super_node_correctness("grid6")
+    assert document["in_degree"] == 200
+    assert set(document["kinds"]) == set(acceptance.ATTENTION_LAYERS)
+    assert len(verdicts) == 2 * len(acceptance.ATTENTION_LAYERS)
+    assert all(v.passed for v in verdicts), verdicts
+    for kind, errors in document["kinds"].items():
+        assert errors["fp32_reference_hub_row_error_vs_fp64"] < 1e-5, kind

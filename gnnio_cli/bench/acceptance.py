@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from gnnio_cli.bench import report
+from gnnio_cli.bench import report, workloads
+from gnnio_cli.ops import attention, dispatch
 
 # Where the suites run; the headline graph also gets the bf16, whole-layer and drop-in checks.
 # A test runs them on CPU with tiny graphs to keep this module honest.
@@ -151,7 +152,8 @@ def run_attention_suite(graphs, out: Path) -> list[Verdict]:
 
 
 def _super_node_verdicts(graph: str, out: Path) -> list[Verdict]:
-    """One target of in-degree SUPER_NODE_DEGREE on the graph, against the same edges spread evenly."""
+    """One target of in-degree SUPER_NODE_DEGREE on the graph, against the same edges spread evenly; and that
+    every attention kind computes it correctly (_super_node_correctness)."""
     verdicts, timings = [], {}
     for kind in ("hub", "spread"):
         spec = f"{graph}+{kind}{SUPER_NODE_DEGREE}"
@@ -163,7 +165,74 @@ def _super_node_verdicts(graph: str, out: Path) -> list[Verdict]:
             label = "fwd" if phase == "forward" else "fwd+bwd"
             verdicts.append(Verdict("attention", graph, f"{hub['layer']} {label} with super node / without", ratio,
                                     1.5, ratio <= 1.5))
-    return verdicts
+    document, correctness = _super_node_correctness(graph)
+    _write(out / f"attention_{_label(graph)}_hub_check.json", document)
+    return verdicts + correctness
+
+
+# Each attention kind's op on op_workload's inputs and parameters (in that order), for the fp64 oracle.
+_ATTENTION_CALLS = {
+    "gatv2": lambda graph, t: attention.gatv2_attention(graph, t[0], t[1], t[2]),
+    "transformer": lambda graph, t: attention.transformer_attention(graph, t[0], t[1], t[2]),
+    "gat": lambda graph, t: attention.gat_attention(graph, t[0], t[1], t[2]),
+    "agnn": lambda graph, t: attention.agnn_attention(graph, t[0], t[0], t[1]),
+}
+SUPER_NODE_TENSOR_BOUND = 1e-4  # output and gradients against the fp32 reference, relative to the largest value
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|, in expected's precision."""
+    actual = actual.to(expected.dtype)
+    return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
+
+
+def _super_node_correctness(graph: str) -> tuple[dict, list[Verdict]]:
+    """Every attention kind (fp32, 4 x 32) on the graph with its super node: the super node's output row against
+    fp64 (the reference op on its in-edges alone, inputs in fp64), held to 4x the error of the fp32 reference
+    op plus 1e-6; and the output and every input gradient against the fp32 reference op, within
+    SUPER_NODE_TENSOR_BOUND. A missing tile or a wrong merge of the super node's partial states shows in both."""
+    from gnnio_cli.graph import Graph, catalog
+
+    spec = f"{graph}+hub{SUPER_NODE_DEGREE}"
+    hub_graph = catalog.resolve(spec).graph.to(DEVICE)
+    hub = int(hub_graph.in_degree.argmax())
+    begin, end = int(hub_graph.csr_indptr[hub]), int(hub_graph.csr_indptr[hub + 1])
+    sources = hub_graph.csr_indices[begin:end].long()
+    hub_edges = Graph.from_edge_index(torch.stack([sources, torch.full_like(sources, hub)]),
+                                      size=(hub_graph.num_src_nodes, hub_graph.num_dst_nodes)).to(DEVICE)
+    document = {"graph": spec, "super_node": hub, "in_degree": end - begin, "kinds": {}}
+    verdicts = []
+    for kind in ATTENTION_LAYERS:
+        workload = workloads.op_workload(hub_graph, workloads.Settings(kind, device=DEVICE))
+        tensors = workload.inputs + workload.parameters
+        results = {}
+        for backend in ("auto", "reference"):
+            with dispatch.use_backend(backend):
+                dispatch.reset()
+                out = workload.forward()
+                grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.device)
+                grads = torch.autograd.grad(out, tensors, grad_out)
+                ran = dispatch.ran().get(f"{kind}_attention")
+            results[backend] = [out.detach().cpu()] + [g.cpu() for g in grads]
+            results[f"{backend} ran"] = ran
+            del out, grads, grad_out
+            torch.cuda.empty_cache()
+        with dispatch.use_backend("reference"), torch.no_grad():
+            oracle = _ATTENTION_CALLS[kind](hub_edges, [t.detach().double() for t in tensors])[hub].cpu()
+        hub_error = _relative_error(results["auto"][0][hub], oracle)
+        reference_hub_error = _relative_error(results["reference"][0][hub], oracle)
+        tensor_error = max(_relative_error(a, b) for a, b in zip(results["auto"], results["reference"]))
+        document["kinds"][kind] = {"ran": results["auto ran"], "hub_row_error_vs_fp64": hub_error,
+                                   "fp32_reference_hub_row_error_vs_fp64": reference_hub_error,
+                                   "output_and_gradients_error_vs_fp32_reference": tensor_error}
+        bound = 4 * reference_hub_error + 1e-6
+        verdicts.append(Verdict("attention", graph, f"{kind} super node row error vs fp64", hub_error, bound,
+                                hub_error <= bound))
+        verdicts.append(Verdict("attention", graph, f"{kind} super node output+grads error vs reference",
+                                tensor_error, SUPER_NODE_TENSOR_BOUND, tensor_error <= SUPER_NODE_TENSOR_BOUND))
+        del workload, results
+        torch.cuda.empty_cache()
+    return document, verdicts
 
 
 class _TwoLayerGATv2(torch.nn.Module):
@@ -300,8 +369,14 @@ def main(argv=None) -> int:
         print(f"suite {suite} done at {time.time() - started:.0f} s", flush=True)
     print(f"\nacceptance ({time.time() - started:.0f} s): suite graph criterion measured bound pass")
     for v in verdicts:
-        print(f"{v.suite:9s} {v.graph:9s} {v.criterion:45s} {v.measured:9.3f} {v.bound:9.3f} {'PASS' if v.passed else 'FAIL'}")
+        measured, bound = _shown(v.measured), _shown(v.bound)
+        print(f"{v.suite:9s} {v.graph:9s} {v.criterion:45s} {measured} {bound} {'PASS' if v.passed else 'FAIL'}")
     return 0 if all(v.passed for v in verdicts) else 1
+
+
+def _shown(value: float) -> str:
+    """A verdict's number in 9 characters: 3 decimals, or an exponent for errors far below 1."""
+    return f"{value:9.3f}" if value == 0 or abs(value) >= 0.01 else f"{value:9.2e}"
 
 
 if __name__ == "__main__":
