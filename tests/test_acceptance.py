@@ -41,7 +41,7 @@ def test_spmm_yardstick_ignores_one_slow_sample():
     assert acceptance.spmm_yardstick_ms(result) == pytest.approx(1.925)
 
 
-def test_super_node_correctness_checks_every_kind(tmp_path):
+def test_super_node_correctness_checks_every_kind():
     """The super node's row against fp64 and every tensor against the reference, for each attention kind (CPU:
     the library's path there is the reference itself, so only the checks' code is exercised)."""
     acceptance.configure("cpu", "grid6", super_node_degree=200)
