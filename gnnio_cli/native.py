@@ -274,18 +274,20 @@ def _first_error_line(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def _env(**values: str):
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """The process environment with `values` set, restored afterwards (the build's arch list; the
+    switches bench's variants)."""
     previous = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
-    return previous
-
-
-def _restore(previous: dict[str, Optional[str]]) -> None:
-    for name, value in previous.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def load() -> Path:
@@ -322,38 +324,36 @@ def _load_unlocked() -> Path:
             )
         record = folder / "build.json"
         started = time.perf_counter()
-        previous = _env(TORCH_CUDA_ARCH_LIST=arch)
-        try:
-            cpp_extension.load(
-                name=EXTENSION_NAME,
-                sources=[str(path) for path in source_files()],
-                extra_cflags=CXX_FLAGS,
-                extra_cuda_cflags=cuda_flags,
-                extra_include_paths=[str(SOURCE_DIR), *include_dirs],
-                extra_ldflags=ldflags,
-                build_directory=str(folder),
-                with_cuda=True,
-                is_python_module=False,
-                verbose=verbose,
-            )
-        except (RuntimeError, subprocess.CalledProcessError) as err:
-            output = getattr(err, "output", None)
-            text = str(err) + ("\n" + output.decode(errors="replace") if isinstance(output, bytes) else "")
-            (folder / "build.log").write_text(text)
-            if "Error building extension" in text or isinstance(err, subprocess.CalledProcessError):
+        with environment({"TORCH_CUDA_ARCH_LIST": arch}):
+            try:
+                cpp_extension.load(
+                    name=EXTENSION_NAME,
+                    sources=[str(path) for path in source_files()],
+                    extra_cflags=CXX_FLAGS,
+                    extra_cuda_cflags=cuda_flags,
+                    extra_include_paths=[str(SOURCE_DIR), *include_dirs],
+                    extra_ldflags=ldflags,
+                    build_directory=str(folder),
+                    with_cuda=True,
+                    is_python_module=False,
+                    verbose=verbose,
+                )
+            except (RuntimeError, subprocess.CalledProcessError) as err:
+                output = getattr(err, "output", None)
+                text = str(err) + ("\n" + output.decode(errors="replace") if isinstance(output, bytes) else "")
+                (folder / "build.log").write_text(text)
+                if "Error building extension" in text or isinstance(err, subprocess.CalledProcessError):
+                    raise NativeUnavailable(
+                        f"native build failed ({_first_error_line(text)}); full log in {folder / 'build.log'}"
+                    ) from err
                 raise NativeUnavailable(
-                    f"native build failed ({_first_error_line(text)}); full log in {folder / 'build.log'}"
+                    f"native extension built in {folder} but does not load ({_first_error_line(text)}); "
+                    f"delete that folder and retry"
                 ) from err
-            raise NativeUnavailable(
-                f"native extension built in {folder} but does not load ({_first_error_line(text)}); "
-                f"delete that folder and retry"
-            ) from err
-        except OSError as err:
-            raise NativeUnavailable(
-                f"native extension in {folder} does not load ({str(err)[:300]}); delete that folder and retry"
-            ) from err
-        finally:
-            _restore(previous)
+            except OSError as err:
+                raise NativeUnavailable(
+                    f"native extension in {folder} does not load ({str(err)[:300]}); delete that folder and retry"
+                ) from err
         seconds = time.perf_counter() - started
         if record.exists():
             _build_seconds = json.loads(record.read_text()).get("build_seconds")

@@ -152,9 +152,10 @@ def timing_rows(m: dict) -> list[list]:
 COMPARE_TARGETS = ("reference", "cusparse", "pyg")
 
 
-def _max_error(output: torch.Tensor, oracle: torch.Tensor) -> float:
-    """max |output - oracle| / max(|oracle|, tiny), computed in fp32."""
-    output, oracle = output.detach().float(), oracle.detach().float()
+def max_error(output: torch.Tensor, oracle: torch.Tensor) -> float:
+    """max |output - oracle| / max(|oracle|, tiny), computed in fp32 (fp64 for an fp64 oracle)."""
+    dtype = torch.float64 if oracle.dtype == torch.float64 else torch.float32
+    output, oracle = output.detach().to(dtype), oracle.detach().to(dtype)
     scale = oracle.abs().max().clamp_min(1e-12)
     return float(((output - oracle).abs().max() / scale).item())
 
@@ -206,7 +207,7 @@ def compare_layer(named: catalog.NamedGraph, settings: workloads.Settings, again
         if target == "cusparse":
             run["backend"] = "cusparse"
         else:
-            run["max_error_vs_gnnio"] = _max_error(subject_output, _forward_output(other, backend))
+            run["max_error_vs_gnnio"] = max_error(subject_output, _forward_output(other, backend))
         run["gnnio_speedup_forward"] = run["forward_ms"]["median_ms"] / runs[0]["forward_ms"]["median_ms"]
         if backward:
             run["gnnio_speedup_train"] = run["train_ms"]["median_ms"] / runs[0]["train_ms"]["median_ms"]

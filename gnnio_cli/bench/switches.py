@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -31,6 +29,7 @@ from gnnio_cli.bench import workloads
 from gnnio_cli.bench.timing import time_call
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import catalog
+from gnnio_cli.native import environment  # the variants' settings, restored after each
 
 
 def parse_variant(text: str) -> dict[str, str]:
@@ -42,21 +41,6 @@ def parse_variant(text: str) -> dict[str, str]:
             raise GnnioError(f"--variant {text!r}: expected NAME=VALUE settings separated by spaces, got {item!r}")
         settings[name] = value
     return settings
-
-
-@contextmanager
-def environment(settings: dict[str, str]):
-    """The process environment with `settings` applied, restored afterwards."""
-    saved = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def time_variants(forward, variants: list[str], device: torch.device, *, rounds: int, repeat: int) -> list[dict]:

@@ -68,12 +68,10 @@ class _ProjectWithScores(torch.autograd.Function):
         heads = vectors[0].shape[-2]
         widths = [weight.shape[0], len(vectors) * heads]
         split_tf32 = dense.uses_split_tf32(x, widths, weight, product=dense.projection_product(x, widths))
-        # h's product first, so the GPU starts while S is formed: the split-TF32 kernel's where h alone fills
-        # its tiles (H*C = 128: the 136 columns of h and the scores would not), else torch's GEMM
-        h = None  # with split_tf32, h comes with the score terms below
-        if not split_tf32:
-            h_fills = dense.uses_split_tf32(x, widths[:1], weight, product=dense.projection_product(x, widths[:1]))
-            h = dense.project(x, [weight], [None])[0] if h_fills else F.linear(x, weight)
+        # h's product first, so the GPU starts while S is formed: ops.dense takes the split-TF32 kernel where h
+        # alone fills its tiles (H*C = 128: the 136 columns of h and the scores would not), else torch's GEMM.
+        # With split_tf32, h comes with the score terms below.
+        h = None if split_tf32 else dense.project(x, [weight], [None])[0]
         stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
         score_weight = _score_weight(weight, stacked)
         if split_tf32:
