@@ -1630,7 +1630,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 // the registers of one step. They take Dot (TransformerConv) in the 4-wide
 // layout (the forward also in the 8-wide one, for 16-bit rows) without edge
 // features or dropout, and a forward without returned scores (the layer's
-// usual case); the other cases run the passes above.
+// usual case); the other cases run the passes above. GAT's fp32 forward
+// gathers ahead too (gat_forward_ahead_kernel), on the same conditions.
 // GNNIO_ATTENTION_AHEAD=0 runs the passes above for these cases too.
 // (GATv2's 16-bit forward through an 8-wide ring of its x_src rows ran 9%
 // slower than its per-step packed build: H200, rmat20 4 x 32, 1.662 against
@@ -1835,6 +1836,77 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_forward_ahead_ke
     if (row_lane) finish_forward_item<VEC, scalar_t, true>(p, item, geo, lane, writer, run_max, run_sum, acc, residual);
   }, [&](int64_t row) {
     if (row_lane) forward_empty_row<VEC, scalar_t, true>(p, row, geo, lane, writer);
+  });
+}
+
+// GAT's forward with fp32 features, x_src rows gathered ahead with each
+// edge's alpha_src: the rows are only summed (the score is alpha_src +
+// alpha_dst, a scalar per head), so the pass is a gather bound by its loads
+// in flight, and the ring keeps DEPTH steps of them in flight. Same
+// arithmetic as forward_kernel's GAT (step_partials, finish_score), so both
+// give the same numbers. H100, rmat20 4 x 32, forward (switches bench, four
+// machines, runs 149-152): 2.15-2.31 ms per step, 1.89-2.04 through the ring.
+// The 16-bit forward stays per step: its 8-wide build through such a ring
+// ran 4% faster on one machine and 4-7% slower on two (1.33-1.60 against
+// 1.39-1.50 ms): at 0.73 instructions issued per scheduler and cycle (ncu)
+// it is bound by its instructions, not by its loads in flight. Without L2
+// hints: they took nothing off (1.979 against 1.973 ms).
+using GatForwardRing = GatherRing<float, 4, 4, 3, 1, sizeof(float)>;  // x_src; alpha_src
+
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) gat_forward_ahead_kernel(const Params<float> p) {
+  using Ring = GatForwardRing;
+  constexpr int U = Ring::kEdgesPerStep;
+  extern __shared__ __align__(16) char ring_memory[];
+  const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
+  const Lane<4> lane(geo);
+  const Ring ring(ring_memory, lane.lane);
+  const int scalar_head = lane.head_ok ? lane.head : 0;  // a lane past the heads copies a real alpha_src
+  const bool writer = lane.head_ok && lane.in_head == 0;
+
+  for_each_item<true>(p, lane.lane, [&](const WorkItem& item) {
+    const float alpha_dst = load_scalar(p.dst_scalar, item.row, geo, lane.head, lane.head_ok);
+    Chunks<4> acc;
+    set_zero<4>(acc);
+    float run_max = -INFINITY, run_sum = 0.f;
+    for_each_step_ahead<U, Ring::kDepth>(
+        item.begin, item.end, p.indices, nullptr, nullptr, lane.lane,
+        [&](int stage, const NodeWord(&source)[U], const uint32_t(&)[U], const bool(&valid)[U]) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+            ring.fetch(stage, u, 0, p.msg_src, source[u], geo, lane, 0);
+            const uint64_t scalar = static_cast<uint64_t>(source[u].id) * geo.heads + scalar_head;
+            copy_ahead<sizeof(float)>(ring.extra(stage, u), p.src_scalar + scalar);
+          }
+        },
+        [&](int stage, const bool(&valid)[U], int64_t) {
+          float score[U];
+          float new_max = run_max;
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            score[u] = leaky_relu(*reinterpret_cast<const float*>(ring.extra(stage, u)) + alpha_dst, p.slope);
+            if (valid[u]) new_max = fmaxf(new_max, score[u]);
+          }
+          if (new_max != run_max) {  // see forward_kernel
+            const float correction = softmax_exp(run_max - new_max);
+            run_sum *= correction;
+#pragma unroll
+            for (int v = 0; v < 4; ++v) acc[0][v] *= correction;
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+            Chunks<4> message;
+            ring.read(stage, u, 0, message);
+            const float weight = softmax_exp(score[u] - new_max);
+            run_sum += weight;
+            add_scaled<4>(acc, weight, message);
+          }
+          run_max = new_max;
+        });
+    finish_forward_item<4, float, true>(p, item, geo, lane, writer, run_max, run_sum, acc);
+  }, [&](int64_t row) {
+    forward_empty_row<4, float, true>(p, row, geo, lane, writer);
   });
 }
 
@@ -2437,35 +2509,33 @@ template <typename Kernel, typename scalar_t>
 dim3 resident_grid(Kernel kernel, const Params<scalar_t>& p, int shared_bytes = 0) {
   const int64_t items = p.schedule.num_tiles + p.num_busy_rows + (p.num_empty_rows + kWarp - 1) / kWarp;
   const int64_t needed = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  int blocks_per_sm = 0;
-  C10_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kWarpsPerBlock * kWarp, shared_bytes));
+  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarpsPerBlock * kWarp, shared_bytes);
   const int head_groups = (p.geo.heads + p.geo.heads_per_warp - 1) / p.geo.heads_per_warp;
-  const int64_t resident = static_cast<int64_t>(std::max(blocks_per_sm, 1)) *
-                           at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t resident =
+      static_cast<int64_t>(std::max(per_sm, 1)) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t blocks = std::min(needed, std::max<int64_t>(1, resident / head_groups));
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(head_groups));
 }
 
 // Launches a pass whose warps loop over the work items on resident_grid,
 // with shared_bytes of dynamic shared memory per block (the rings of the
-// passes that gather ahead; above 48 KB a kernel must ask for it).
+// passes that gather ahead; resident_grid's blocks_per_sm lets the kernel
+// have them).
 template <typename Kernel, typename scalar_t>
 void launch_resident(Kernel kernel, const Params<scalar_t>& p, cudaStream_t stream, int shared_bytes = 0) {
-  if (shared_bytes > 0)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   const dim3 grid = resident_grid(kernel, p, shared_bytes);
   if (grid.x == 0) return;
   kernel<<<grid, kWarpsPerBlock * kWarp, shared_bytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Whether Dot's passes may gather ahead (dot_forward_ahead_kernel and the
-// two backward ones): copy_ahead needs compute capability 8.0 for its
-// asynchronous copies (older GPUs would copy synchronously, no faster than
-// the passes that gather per step), and GNNIO_ATTENTION_AHEAD=0 turns them
-// off (to compare the two). Each caller adds its own conditions: the layout,
-// no edge features, and for the forward and the source pass no dropout.
+// Whether Dot's passes (dot_forward_ahead_kernel and the two backward ones)
+// and GAT's fp32 forward (gat_forward_ahead_kernel) may gather ahead:
+// copy_ahead needs compute capability 8.0 for its asynchronous copies
+// (older GPUs would copy synchronously, no faster than the passes that
+// gather per step), and GNNIO_ATTENTION_AHEAD=0 turns them off (to compare
+// the two). Each caller adds its own conditions: the layout, no edge
+// features, and for the forwards and the source pass no dropout.
 bool gathers_ahead() {
   const char* choice = std::getenv("GNNIO_ATTENTION_AHEAD");
   if (choice != nullptr && std::string(choice) == "0") return false;
@@ -2617,6 +2687,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   // through the 4-wide ring (run 118), 1.69 through the 8-wide ring (run 128).
   const bool plain = slot_rows == nullptr && !edge.has_value() && dropout <= 0.0 && return_scores == 0;
   const bool dot_ahead = plain && kind == kDot && (vec == 4 || vec == 8) && gathers_ahead();
+  const bool gat_ahead = plain && kind == kGat && vec == 4 && f.dtype == at::kFloat && gathers_ahead();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
@@ -2634,6 +2705,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     p.part_acc = part_acc;
     if (dot_ahead) {
       launch_dot_forward_ahead<scalar_t>(vec, p, stream);
+    } else if (gat_ahead) {
+      if constexpr (std::is_same<scalar_t, float>::value)  // gat_ahead: fp32 only
+        launch_resident(gat_forward_ahead_kernel, p, stream, GatForwardRing::kBlockBytes);
     } else if (vec == 8) {
       launch_paired_forward<scalar_t>(kind, p, stream);
     } else GNNIO_ATTENTION_SWITCH(kind, vec, [&] {

@@ -12,7 +12,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 namespace gnnio {
@@ -399,6 +402,28 @@ __device__ __forceinline__ bool subwarp_row(const RowSchedule& s, const LightRow
   return item.end - item.begin <= s.tile_edges;
 }
 
+// A kernel's resident blocks per SM at `threads` threads and `shared_bytes`
+// of dynamic shared memory, on the current device, with the kernel allowed
+// that much dynamic shared memory first (above 48 KiB a kernel must opt in,
+// on each device it runs on). The runtime's occupancy query and attribute
+// call need not run before every launch, as they did: their answers never
+// change, so each is asked once per (kernel, device, threads, bytes).
+inline int blocks_per_sm(const void* kernel, int threads, int shared_bytes) {
+  using Key = std::tuple<const void*, int, int, int>;
+  static std::mutex mutex;
+  static std::map<Key, int> known;
+  const Key key{kernel, static_cast<int>(c10::cuda::current_device()), threads, shared_bytes};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  if (shared_bytes > 0)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
+  known.emplace(key, blocks);
+  return blocks;
+}
+
 // Blocks for a first pass whose warps loop over work items with a grid
 // stride (item = warp, warp + all warps, ...): as many blocks as stay
 // resident at once, never more than the items need. On skewed graphs a block
@@ -406,10 +431,9 @@ __device__ __forceinline__ bool subwarp_row(const RowSchedule& s, const LightRow
 // idle; warps that move on to their next item keep the SM's slots busy.
 template <typename Kernel>
 inline int64_t resident_blocks(Kernel kernel, int64_t needed_blocks) {
-  int blocks_per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kWarp * kWarpsPerBlock, 0));
+  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), kWarp * kWarpsPerBlock, 0);
   const int64_t resident =
-      static_cast<int64_t>(std::max(blocks_per_sm, 1)) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      static_cast<int64_t>(std::max(per_sm, 1)) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   return std::max<int64_t>(1, std::min(needed_blocks, resident));
 }
 

@@ -1109,8 +1109,7 @@ void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, cudaStrea
   const auto kernel = gemm_split_tf32_kernel<A_K_MAJOR, B_K_MAJOR, Mma>;
   constexpr int shared_bytes =
       sizeof(float) * (Mma::kStages * (kOperandFloats + Mma::kBRoomFloats) + Mma::kExtraSharedFloats);
-  // Above 48 KiB of dynamic shared memory a kernel must opt in (on each device it runs on).
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, shared_bytes);  // lets it have shared_bytes
   kernel<<<blocks, kThreads, shared_bytes, stream>>>(args, items);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1135,19 +1134,6 @@ bool presplit_fits(const GemmArgs& args, bool a_transposed, bool wgmma) {
   const char* choice = std::getenv("GNNIO_SPLIT_TF32_PRESPLIT");
   return wgmma && !a_transposed && args.k > 0 && args.n * 16 <= args.m &&
          !(choice != nullptr && std::string(choice) == "0");
-}
-
-// Above 48 KiB of dynamic shared memory a kernel must opt in, once per device it runs on.
-void allow_resident_shared_memory(int device) {
-  static std::mutex mutex;
-  static std::vector<bool> allowed;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (allowed.size() <= static_cast<size_t>(device)) allowed.resize(device + 1, false);
-  if (!allowed[device]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_resident_b_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kResidentSharedBytes));
-    allowed[device] = true;
-  }
 }
 
 // The product behind both ops, with args' operands (args.b unused where
@@ -1217,7 +1203,7 @@ std::vector<at::Tensor> run_product(GemmArgs& args, const at::Tensor& a0, bool a
   // Operand orientations: A stored [M, K] unless transposed; B stored [K, N] unless transposed.
   if (presplit && k_tiles <= kResidentKTiles && n_tiles <= properties->multiProcessorCount) {
     const unsigned resident_blocks = properties->multiProcessorCount / n_tiles * n_tiles;  // n-tile = block % n_tiles
-    allow_resident_shared_memory(device.index());
+    blocks_per_sm(reinterpret_cast<const void*>(gemm_resident_b_kernel), kThreads, kResidentSharedBytes);  // opts in
     gemm_resident_b_kernel<<<resident_blocks, kThreads, kResidentSharedBytes, stream>>>(args, static_cast<int>(n_tiles));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else if (!a_transposed && b_transposed)

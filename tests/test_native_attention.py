@@ -790,6 +790,21 @@ def test_dot_passes_gathered_ahead_or_per_step_match_the_oracle(heads, channels,
         assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
 
 
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (2, 12), (8, 8), (1, 128)])
+def test_gat_fp32_forward_gathered_ahead_matches_the_oracle_and_the_per_step_pass(heads, channels, monkeypatch):
+    """GAT's fp32 forward without edge features or dropout gathers x_src and alpha_src ahead through shared
+    memory (GNNIO_ATTENTION_AHEAD=0: the per-step pass): output and gradients against the fp64 reference on
+    the hub graph (split rows and empty rows included), and the output equal to the per-step pass's, whose
+    arithmetic it repeats in the same order."""
+    graph = small_graph().to("cuda")
+    inputs = make_inputs("gat", graph, heads, channels, torch.float32, seed=83 + heads)
+    check_against_oracle("gat", graph, inputs)
+    ahead, _ = run("gat", graph, inputs, "native")
+    monkeypatch.setenv("GNNIO_ATTENTION_AHEAD", "0")
+    per_step, _ = run("gat", graph, inputs, "native")
+    assert relative_error(ahead, per_step) <= 1e-6
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_l2_hints_change_no_result(dtype, monkeypatch):
     """The hints only choose L2's eviction policy: with a third of the nodes kept hot, the output and every
