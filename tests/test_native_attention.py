@@ -186,6 +186,16 @@ def test_edge_features_and_index_dtypes(kind, index_dtype):
     check_against_oracle(kind, graph, inputs, return_attention=True)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("kind", KINDS)
+def test_index_dtypes_without_edge_features(kind, index_dtype):
+    """The passes without edge features or returned weights (Dot's and GAT's fp32 forward gather ahead)
+    read int32 and int64 indices alike."""
+    graph = with_index_dtype(small_graph(), index_dtype).to("cuda")
+    inputs = make_inputs(kind, graph, 4, 32, torch.float32, seed=11)
+    check_against_oracle(kind, graph, inputs)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_hub_of_degree_150k_bipartite(kind):
     """A super node far above any tile, on a bipartite graph with empty rows, loops and duplicates."""
