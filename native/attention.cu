@@ -578,25 +578,27 @@ __device__ __forceinline__ void add_edge_features(const Params<scalar_t>& p, con
 // the raw score. What the backward target pass also needs comes out in
 // `kept` (Dot's key plus edge features, GATv2's hidden x_src + x_dst + edge)
 // and `z` (GAT's score before its LeakyReLU); the forward leaves them unused.
-template <int KIND, int VEC, int U, typename scalar_t>
+// NO_EDGES: built for calls without edge features (p.edge never read).
+template <int KIND, int VEC, int U, typename scalar_t, bool NO_EDGES = false>
 __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const int64_t (&neighbour)[U],
                                               const StepEdges& edge_id, const LaneGeometry& geo, const Lane<VEC>& lane,
                                               const Chunks<VEC>& target, float alpha_dst, const Chunks<VEC>& att,
                                               Chunks<VEC> (&message)[U], float (&partial)[U],
                                               float (&inverse_norm)[U], Chunks<VEC> (&kept)[U], float (&z)[U]) {
+  const bool edges = !NO_EDGES && p.edge != nullptr;
   if constexpr (KIND == kCosine) {
     cosine_terms<VEC, U>(p, neighbour, geo, lane, target, message, inverse_norm, partial);
   } else if constexpr (KIND == kDot) {
 #pragma unroll
     for (int u = 0; u < U; ++u) load_row<VEC>(p.key_src, neighbour[u], geo, lane, kept[u]);
-    add_edge_features<VEC, U>(p, edge_id, geo, lane, kept, &message);
+    if (edges) add_edge_features<VEC, U>(p, edge_id, geo, lane, kept, &message);
 #pragma unroll
     for (int u = 0; u < U; ++u) partial[u] = dot<VEC>(target, kept[u]);
   } else if constexpr (KIND == kGatV2) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       gatv2_hidden<VEC, scalar_t>(kept[u], message[u], target);
-      if (p.edge) {
+      if (edges) {
         Chunks<VEC> feature;
         load_row<VEC>(p.edge, edge_id(u), geo, lane, feature);
         gatv2_hidden<VEC, scalar_t>(kept[u], kept[u], feature);
@@ -606,7 +608,7 @@ __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const i
   } else {
 #pragma unroll
     for (int u = 0; u < U; ++u) z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok) + alpha_dst;
-    if (p.edge) {
+    if (edges) {
 #pragma unroll
       for (int u = 0; u < U; ++u) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, lane.head_ok);
     }
@@ -727,11 +729,14 @@ constexpr bool packed_build() {
 // carries no dropout, edge-feature or score-output code. H100, rmat20 bf16
 // 4 x 32 forward (its kernels): 1.65 ms at 3 blocks, 1.54 at 4 with those paths
 // (88 bytes spilled), 1.39 at 4 without. Cosine's packed build ran no
-// faster at 4 blocks than at 3 (1.65 ms either way).
-template <int KIND, int VEC, typename scalar_t, int HEAD_LANES>
+// faster at 4 blocks than at 3 (1.65 ms either way). GAT's plain 16-bit
+// build (PLAIN, without that code either) fits 64 registers too, so 4
+// blocks: 1.28 ms against the general build's 1.47 (bf16; fp16 1.36 against
+// 1.48; H100, rmat20 4 x 32, one process, bench.switches).
+template <int KIND, int VEC, typename scalar_t, int HEAD_LANES, bool PLAIN>
 constexpr int forward_blocks_per_sm() {
   if constexpr (VEC == 1) return 1;
-  return KIND == kGatV2 && packed_build<KIND, VEC, scalar_t, HEAD_LANES>() ? 4 : 3;
+  return (KIND == kGatV2 && packed_build<KIND, VEC, scalar_t, HEAD_LANES>()) || PLAIN ? 4 : 3;
 }
 
 template <typename T>
@@ -887,8 +892,10 @@ __device__ __forceinline__ void forward_empty_row(const Params<scalar_t>& p, int
 // rest (online softmax, dropout, aggregation, tiles) is the same pass.
 // HEAD_LANES: 0, or the lanes per head it was built for (fixed_head_lanes,
 // or packed_head_lanes for the packed build).
-template <int KIND, int VEC, typename scalar_t, bool PRECOMPUTED = false, int HEAD_LANES = 0>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<KIND, VEC, scalar_t, HEAD_LANES>()) forward_kernel(const Params<scalar_t> p) {
+// PLAIN: built for calls without dropout, edge features or returned scores
+// (the packed builds are always so); launch_forward picks it.
+template <int KIND, int VEC, typename scalar_t, bool PRECOMPUTED = false, int HEAD_LANES = 0, bool PLAIN = false>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<KIND, VEC, scalar_t, HEAD_LANES, PLAIN>()) forward_kernel(const Params<scalar_t> p) {
   constexpr int U = forward_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
   constexpr int G = Layout<VEC>::kGroups;
@@ -897,9 +904,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
   // The host launches that build only without dropout, edge features or returned scores, so it
   // carries none of their per-step code (launch_forward).
   constexpr bool kPacked = !PRECOMPUTED && kHas16BitMma && packed_build<KIND, VEC, scalar_t, HEAD_LANES>();
-  const Dropout dropout = kPacked ? Dropout{} : p.dropout;
+  constexpr bool kPlain = kPacked || PLAIN;
+  const Dropout dropout = kPlain ? Dropout{} : p.dropout;
   const Lane<VEC> lane(geo);
-  const bool need_eid = !kPacked && (p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr);
+  const bool need_eid = !kPlain && (p.edge != nullptr || dropout.p > 0.f || p.scores != nullptr);
   // Per-edge outputs come from the edge's group; per-row ones from group 0 after the merge.
   const bool edge_writer = lane.head_ok && lane.in_head == 0;
   const bool row_lane = lane.group == 0;
@@ -959,8 +967,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
         float z[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) unpack<VEC>(gathered[u], lane, message[u]);
-        step_partials<KIND, VEC, U>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att, message, partial,
-                                    inverse_norm, kept, z);
+        step_partials<KIND, VEC, U, scalar_t, kPlain>(p, neighbour, edge_id, geo, lane, target, alpha_dst, att,
+                                                      message, partial, inverse_norm, kept, z);
       }
       float new_max = run_max;
 #pragma unroll
@@ -991,7 +999,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
       for (int u = 0; u < U; ++u) {
         Chunks<VEC> message;  // converted again from the gathered row (see Gathered)
         unpack<VEC>(gathered[u], lane, message);
-        if constexpr (KIND == kDot) {
+        if constexpr (KIND == kDot && !kPlain) {
           // The message is value + edge features. The score phase loaded
           // the same features for the key; loading them again here (an L1
           // or L2 hit, and only for layers with edge_dim) keeps no extra
@@ -1007,7 +1015,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
           run_sum += weight;
           add_scaled<VEC>(acc, weight * drop[u], message);
         }
-        if (!kPacked && p.scores != nullptr) {
+        if (!kPlain && p.scores != nullptr) {
           const int64_t e = edge_id(u);  // a whole-warp shuffle: outside the branch on valid (groups differ)
           if (edge_writer && valid[u])
             p.scores[e * geo.heads + lane.head] = p.scores_after_dropout && drop[u] == 0.f ? -INFINITY : score[u];
@@ -2542,6 +2550,14 @@ bool gathers_ahead() {
   return at::cuda::getCurrentDeviceProperties()->major >= 8;
 }
 
+// Whether GAT's 16-bit forward may take its plain build (forward_kernel's
+// PLAIN) where a call has no dropout, edge features or returned scores;
+// GNNIO_ATTENTION_PLAIN=0 keeps the general build (to compare the two).
+bool plain_builds() {
+  const char* choice = std::getenv("GNNIO_ATTENTION_PLAIN");
+  return choice == nullptr || std::string(choice) != "0";
+}
+
 // Lanes per head of 32-channel heads (8 in the 4-wide layout, 4 in the
 // 8-wide one). The forward of the kinds that sum a head's shares for every
 // edge (GATv2, Dot) is also built for that width: 3 butterfly steps per
@@ -2574,6 +2590,13 @@ void launch_forward(const Params<scalar_t>& p, cudaStream_t stream) {
     const bool plain = p.edge == nullptr && p.dropout.p <= 0.f && p.scores == nullptr;
     if (plain && p.geo.lanes_per_head == kPackedLanes && p.geo.channels == kPackedLanes * VEC) {
       launch_resident(forward_kernel<KIND, VEC, scalar_t, false, kPackedLanes>, p, stream);
+      return;
+    }
+  }
+  // GAT's 16-bit forward without those extras: the plain build (see forward_blocks_per_sm)
+  if constexpr (KIND == kGat && VEC == 8) {
+    if (p.edge == nullptr && p.dropout.p <= 0.f && p.scores == nullptr && plain_builds()) {
+      launch_resident(forward_kernel<KIND, VEC, scalar_t, false, 0, true>, p, stream);
       return;
     }
   }

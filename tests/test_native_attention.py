@@ -815,6 +815,26 @@ def test_gat_fp32_forward_gathered_ahead_matches_the_oracle_and_the_per_step_pas
     assert relative_error(ahead, per_step) <= 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (1, 128), (2, 8)])
+def test_gat_16bit_forward_plain_build_matches_the_oracle_and_the_general_build(heads, channels, dtype, monkeypatch):
+    """GAT's 16-bit forward without dropout, edge features or returned scores runs a build without their
+    code (GNNIO_ATTENTION_PLAIN=0: the general build): output and gradients against the fp64 reference on
+    the hub graph (split rows and empty rows included), and the output equal to the general build's, whose
+    arithmetic it repeats in the same order."""
+    graph = small_graph().to("cuda")
+    inputs = make_inputs("gat", graph, heads, channels, dtype, seed=89 + heads)
+    out, _, grads = forward_backward("gat", graph, inputs, "native")
+    torch_out, _, torch_grads = forward_backward("gat", graph, upcast(inputs, dtype), "reference")
+    oracle_out, _, oracle_grads = forward_backward("gat", graph, upcast(inputs), "reference")
+    assert_within_torch_error(out, oracle_out, torch_out)
+    for name in grads:
+        assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
+    monkeypatch.setenv("GNNIO_ATTENTION_PLAIN", "0")
+    general, _ = run("gat", graph, inputs, "native")
+    assert torch.equal(out.detach(), general.detach())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_l2_hints_change_no_result(dtype, monkeypatch):
     """The hints only choose L2's eviction policy: with a third of the nodes kept hot, the output and every

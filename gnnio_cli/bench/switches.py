@@ -2,7 +2,8 @@
 
 The native kernels read a few environment switches per call
 (GNNIO_ATTENTION_AHEAD=0: the passes that gather per step instead of ahead;
-GNNIO_ATTENTION_HOT_SHARE=0: no L2 hints). This times each layer's
+GNNIO_ATTENTION_PLAIN=0: GAT's general 16-bit forward instead of its plain
+build; GNNIO_ATTENTION_HOT_SHARE=0: no L2 hints). This times each layer's
 aggregation under each variant, the variants interleaved round by round, so
 that what drifts between machines and over a run falls on all of them alike:
 a change to a kernel is judged by its ratio to the variant it replaces, not
