@@ -732,7 +732,9 @@ constexpr bool packed_build() {
 // faster at 4 blocks than at 3 (1.65 ms either way). GAT's plain 16-bit
 // build (PLAIN, without that code either) fits 64 registers too, so 4
 // blocks: 1.28 ms against the general build's 1.47 (bf16; fp16 1.36 against
-// 1.48; H100, rmat20 4 x 32, one process, bench.switches).
+// 1.48; H100, rmat20 4 x 32, one process, bench.switches). Against its 4
+// edges per group at 4 blocks, 3 edges ran 2.7% slower, 6 and 8 (40 and 108
+// bytes spilled) 9% and 14%, and 5 blocks (48 registers, 80 bytes spilled) 8%.
 template <int KIND, int VEC, typename scalar_t, int HEAD_LANES, bool PLAIN>
 constexpr int forward_blocks_per_sm() {
   if constexpr (VEC == 1) return 1;
