@@ -105,6 +105,19 @@ def upcast(inputs, dtype=torch.float64):
     return {name: t.detach().to(dtype).requires_grad_() for name, t in inputs.items()}
 
 
+def check_16bit_against_oracle(kind, graph, inputs):
+    """16-bit output and gradients against the fp64 oracle, within twice plain PyTorch's error at the inputs'
+    precision (assert_within_torch_error); returns the output."""
+    dtype = inputs[next(iter(inputs))].dtype
+    out, _, grads = forward_backward(kind, graph, inputs, "native")
+    torch_out, _, torch_grads = forward_backward(kind, graph, upcast(inputs, dtype), "reference")
+    oracle_out, _, oracle_grads = forward_backward(kind, graph, upcast(inputs), "reference")
+    assert_within_torch_error(out, oracle_out, torch_out)
+    for name in grads:
+        assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
+    return out
+
+
 def check_against_oracle(kind, graph, inputs, tolerance=FP32_TOLERANCE, **options):
     out, alpha, grads = forward_backward(kind, graph, inputs, "native", **options)
     ref_out, ref_alpha, ref_grads = forward_backward(kind, graph, upcast(inputs), "reference", **options)
@@ -231,13 +244,8 @@ def test_graph_without_edges_gives_zeros():
 def test_16bit_within_twice_torch_error(kind, dtype):
     graph = small_graph().to("cuda")
     inputs = make_inputs(kind, graph, 4, 32, dtype, edges=kind in EDGE_KINDS, seed=13)
-    out, _, grads = forward_backward(kind, graph, inputs, "native")
-    torch_out, _, torch_grads = forward_backward(kind, graph, upcast(inputs, dtype), "reference")
-    oracle_out, _, oracle_grads = forward_backward(kind, graph, upcast(inputs), "reference")
+    out = check_16bit_against_oracle(kind, graph, inputs)
     assert out.dtype == dtype
-    assert_within_torch_error(out, oracle_out, torch_out)
-    for name in grads:
-        assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
 
 
 @pytest.mark.parametrize("channels", [32, 33])
@@ -792,12 +800,7 @@ def test_dot_passes_gathered_ahead_or_per_step_match_the_oracle(heads, channels,
     if dtype == torch.float32:
         check_against_oracle("transformer", graph, inputs)
         return
-    out, _, grads = forward_backward("transformer", graph, inputs, "native")
-    torch_out, _, torch_grads = forward_backward("transformer", graph, upcast(inputs, dtype), "reference")
-    oracle_out, _, oracle_grads = forward_backward("transformer", graph, upcast(inputs), "reference")
-    assert_within_torch_error(out, oracle_out, torch_out)
-    for name in grads:
-        assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
+    check_16bit_against_oracle("transformer", graph, inputs)
 
 
 @pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (2, 12), (8, 8), (1, 128)])
@@ -824,12 +827,7 @@ def test_gat_16bit_forward_plain_build_matches_the_oracle_and_the_general_build(
     arithmetic it repeats in the same order."""
     graph = small_graph().to("cuda")
     inputs = make_inputs("gat", graph, heads, channels, dtype, seed=89 + heads)
-    out, _, grads = forward_backward("gat", graph, inputs, "native")
-    torch_out, _, torch_grads = forward_backward("gat", graph, upcast(inputs, dtype), "reference")
-    oracle_out, _, oracle_grads = forward_backward("gat", graph, upcast(inputs), "reference")
-    assert_within_torch_error(out, oracle_out, torch_out)
-    for name in grads:
-        assert_within_torch_error(grads[name], oracle_grads[name], torch_grads[name])
+    out = check_16bit_against_oracle("gat", graph, inputs)
     monkeypatch.setenv("GNNIO_ATTENTION_PLAIN", "0")
     general, _ = run("gat", graph, inputs, "native")
     assert torch.equal(out.detach(), general.detach())
