@@ -251,11 +251,11 @@ struct LaneGroups {
 // `tile_edges` slots are "light" and handled by one warp each; longer rows
 // are "heavy" and cut into tiles of `tile_edges` slots, one warp per tile,
 // whose fp32 partial results a second pass merges in tile order (so sums are
-// deterministic). Built once per graph by gnnio_cli/ops/schedule.py.
+// deterministic). Built once per graph by build_row_schedule (gnnio_cli/ops/attention_native.py).
 //
 //   tile_row       int64 [T]      the heavy row each tile belongs to
 //   tile_start     int64 [T]      the tile's first slot
-//   heavy_rows     int64 [H]      heavy rows, ascending
+//   heavy_rows     int64 [H]      heavy rows, longest first (ties by row)
 //   heavy_tile_ptr int64 [H + 1]  tiles of heavy_rows[h] are heavy_tile_ptr[h] ..
 struct RowSchedule {
   const int64_t* indptr;

@@ -103,7 +103,7 @@ class RowSchedule:
 
     tile_row       int64 [T]      the heavy row of each tile
     tile_start     int64 [T]      the tile's first slot
-    heavy_rows     int64 [R]      rows with more than tile_edges slots, ascending
+    heavy_rows     int64 [R]      rows with more than tile_edges slots, longest first (ties by row)
     heavy_tile_ptr int64 [R + 1]  tiles of heavy_rows[i] are heavy_tile_ptr[i] .. heavy_tile_ptr[i + 1]
     """
 
@@ -135,9 +135,17 @@ def choose_tile_edges(indptr: torch.Tensor) -> int:
 
 
 def build_row_schedule(indptr: torch.Tensor, tile_edges: int) -> RowSchedule:
-    """Cut every row of `indptr` longer than `tile_edges` into tiles of `tile_edges` slots (last one shorter)."""
+    """Cut every row of `indptr` longer than `tile_edges` into tiles of `tile_edges` slots (last one shorter).
+
+    The heavy rows come longest first (ties by row): the passes that finish the heavy rows take one
+    block per heavy row in this order, so the longest, whose loads wait on each other round after round,
+    start at once and the short ones fill in beside them; the first passes take the tiles in this order
+    too. H100, rmat20, AGNN fwd+bwd (run 165): the target pass's tile finish 155.6 -> 143.3 us, the
+    forward's merge 64.7 -> 62.7 us.
+    """
     degree = indptr.diff()
-    heavy_rows = torch.nonzero(degree > tile_edges).flatten()
+    heavy = torch.nonzero(degree > tile_edges).flatten()
+    heavy_rows = heavy[torch.sort(degree[heavy], descending=True, stable=True).indices]
     tiles_per_row = (degree[heavy_rows] + tile_edges - 1) // tile_edges
     heavy_tile_ptr = torch.zeros(heavy_rows.numel() + 1, dtype=torch.int64, device=indptr.device)
     torch.cumsum(tiles_per_row, 0, out=heavy_tile_ptr[1:])
