@@ -819,12 +819,13 @@ def test_gat_fp32_forward_gathered_ahead_matches_the_oracle_and_the_per_step_pas
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (1, 128), (2, 8)])
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 32), (5, 32), (2, 24), (2, 64), (1, 128), (3, 16), (2, 8)])
 def test_gat_16bit_forward_plain_build_matches_the_oracle_and_the_general_build(heads, channels, dtype, monkeypatch):
     """GAT's 16-bit forward without dropout, edge features or returned scores runs a build without their
     code (GNNIO_ATTENTION_PLAIN=0: the general build): output and gradients against the fp64 reference on
-    the hub graph (split rows and empty rows included), and the output equal to the general build's, whose
-    arithmetic it repeats in the same order."""
+    the hub graph (split rows and empty rows included; a warp's heads all used, in part, or over several
+    head groups), and the output equal to the general build's, whose arithmetic it repeats in the same
+    order."""
     graph = small_graph().to("cuda")
     inputs = make_inputs("gat", graph, heads, channels, dtype, seed=89 + heads)
     out = check_16bit_against_oracle("gat", graph, inputs)
