@@ -2547,18 +2547,13 @@ void launch_resident(Kernel kernel, const Params<scalar_t>& p, cudaStream_t stre
 // the two). Each caller adds its own conditions: the layout, no edge
 // features, and for the forwards and the source pass no dropout.
 bool gathers_ahead() {
-  const char* choice = std::getenv("GNNIO_ATTENTION_AHEAD");
-  if (choice != nullptr && std::string(choice) == "0") return false;
-  return at::cuda::getCurrentDeviceProperties()->major >= 8;
+  return !switched_off("GNNIO_ATTENTION_AHEAD") && at::cuda::getCurrentDeviceProperties()->major >= 8;
 }
 
 // Whether GAT's 16-bit forward may take its plain build (forward_kernel's
 // PLAIN) where a call has no dropout, edge features or returned scores;
 // GNNIO_ATTENTION_PLAIN=0 keeps the general build (to compare the two).
-bool plain_builds() {
-  const char* choice = std::getenv("GNNIO_ATTENTION_PLAIN");
-  return choice == nullptr || std::string(choice) != "0";
-}
+bool plain_builds() { return !switched_off("GNNIO_ATTENTION_PLAIN"); }
 
 // Lanes per head of 32-channel heads (8 in the 4-wide layout, 4 in the
 // 8-wide one). The forward of the kinds that sum a head's shares for every
@@ -2588,8 +2583,8 @@ template <int KIND, int VEC, typename scalar_t>
 void launch_forward(const Params<scalar_t>& p, cudaStream_t stream) {
   // packed scores take 8 channels in every lane of a head, and no per-edge extras (see forward_kernel)
   constexpr int kPackedLanes = packed_head_lanes<KIND, VEC, scalar_t>();
+  const bool plain = p.edge == nullptr && p.dropout.p <= 0.f && p.scores == nullptr;
   if constexpr (kPackedLanes > 0) {
-    const bool plain = p.edge == nullptr && p.dropout.p <= 0.f && p.scores == nullptr;
     if (plain && p.geo.lanes_per_head == kPackedLanes && p.geo.channels == kPackedLanes * VEC) {
       launch_resident(forward_kernel<KIND, VEC, scalar_t, false, kPackedLanes>, p, stream);
       return;
@@ -2597,7 +2592,7 @@ void launch_forward(const Params<scalar_t>& p, cudaStream_t stream) {
   }
   // GAT's 16-bit forward without those extras: the plain build (see forward_blocks_per_sm)
   if constexpr (KIND == kGat && VEC == 8) {
-    if (p.edge == nullptr && p.dropout.p <= 0.f && p.scores == nullptr && plain_builds()) {
+    if (plain && plain_builds()) {
       launch_resident(forward_kernel<KIND, VEC, scalar_t, false, 0, true>, p, stream);
       return;
     }

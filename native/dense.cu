@@ -1091,8 +1091,7 @@ __global__ void wgmma_probe_kernel(int* built) {
 bool wgmma_built(int device) {
   static std::mutex mutex;
   static std::vector<int> built;  // per device: -1 unknown, 0, 1
-  const char* choice = std::getenv("GNNIO_SPLIT_TF32_WGMMA");
-  if (choice != nullptr && std::string(choice) == "0") return false;
+  if (switched_off("GNNIO_SPLIT_TF32_WGMMA")) return false;
   const std::lock_guard<std::mutex> lock(mutex);
   if (built.size() <= static_cast<size_t>(device)) built.resize(device + 1, -1);
   if (built[device] < 0) {
@@ -1131,9 +1130,7 @@ void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, bool wgmm
 // the product's blocks copy it split. GNNIO_SPLIT_TF32_PRESPLIT=0 keeps the
 // split in the product.
 bool presplit_fits(const GemmArgs& args, bool a_transposed, bool wgmma) {
-  const char* choice = std::getenv("GNNIO_SPLIT_TF32_PRESPLIT");
-  return wgmma && !a_transposed && args.k > 0 && args.n * 16 <= args.m &&
-         !(choice != nullptr && std::string(choice) == "0");
+  return wgmma && !a_transposed && args.k > 0 && args.n * 16 <= args.m && !switched_off("GNNIO_SPLIT_TF32_PRESPLIT");
 }
 
 // The product behind both ops, with args' operands (args.b unused where
