@@ -116,7 +116,7 @@ struct Params {
   const scalar_t* grad_out;
   const float* lse_in;  // target pass
   // source pass: per (target, head) its softmax statistics, [Nd, H, stats_width] fp32:
-  // (lse, delta), and |x_dst| third for Cosine (width 4); one gathered sector per edge
+  // (lse, delta), and 1 / max(|x_dst|, floor) third for Cosine (width 4); one gathered sector per edge
   const float* row_stats;
   int stats_width;
   scalar_t* grad_vec;     // target pass: d query / d x_dst; source pass: d value / d x_src
@@ -133,7 +133,7 @@ struct Params {
   float* edge_grads;
   const float* edge_grads_in;
   const int64_t* edge_grad_slot;
-  float* delta_out;
+  float* stats_out;  // target pass: per (target, head) (lse, delta[, 1 / |x_dst|, 0]), the source pass's row_stats
   float* att_partial;  // [resident warps, H, C] (GATv2) or [resident warps, H] (Cosine: d beta)
   float* part_vec;
   float* part_vec2;
@@ -1139,6 +1139,24 @@ __global__ void __launch_bounds__(256, 4)
 // the pass keeps both sums and combines them once delta is complete (at the
 // row's end, or after its tiles for a heavy row). Per-edge gradients need
 // delta first, so the source-side pass writes them.
+//
+// Each row's delta goes out beside what the source pass gathers with it per
+// edge (Params::row_stats): (lse, delta), and for Cosine (lse, delta,
+// 1 / max(|x_dst|, floor), 0). The source pass then takes them as they are,
+// with no stacking first (at::stack took 58-74 us of a fwd+bwd on rmat20,
+// H100, run 168). The values come from registers: the row's lse and inverse
+// norm are live through its edges, and a load at the row's end would add
+// its latency to every row (run 168: the pass took 20-68 us longer so).
+// `at` = row * heads + head.
+__device__ __forceinline__ void store_row_stats(float* stats, int64_t at, bool cosine, float lse, float delta,
+                                                float inverse_norm) {
+  if (cosine) {
+    reinterpret_cast<float4*>(stats)[at] = make_float4(lse, delta, inverse_norm, 0.f);
+  } else {
+    reinterpret_cast<float2*>(stats)[at] = make_float2(lse, delta);
+  }
+}
+
 template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<KIND, VEC>()) backward_target_kernel(const Params<scalar_t> p) {
   constexpr int U = target_edges_per_step<KIND, VEC>();
@@ -1233,7 +1251,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
     });
 
     if (item.partial < 0) {
-      if (writer) p.delta_out[item.row * geo.heads + lane.head] = delta;
+      if (writer)
+        store_row_stats(p.stats_out, item.row * geo.heads + lane.head, KIND == kCosine, row_lse, delta,
+                        target_inverse_norm);
       if constexpr (KIND == kGat) {
         if (writer)
           p.grad_scalar[item.row * geo.heads + lane.head] = static_cast<scalar_t>(scalar_weighted - delta * scalar_plain);
@@ -1275,7 +1295,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       }
     }
   }, [&](int64_t row) {
-    if (writer) p.delta_out[row * geo.heads + lane.head] = 0.f;
+    // lse 0, as the forward wrote it; no edge reads an empty row's statistics, so no norm is loaded for them
+    if (writer) store_row_stats(p.stats_out, row * geo.heads + lane.head, KIND == kCosine, 0.f, 0.f, 0.f);
     if constexpr (KIND == kGat) {
       if (writer) p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
     } else {
@@ -1296,12 +1317,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 }
 
 // Heavy rows of the target-side pass: add the tiles' sums in tile order, then
-// combine them with the row's complete delta. `per_head` values per head
+// combine them with the row's complete delta (stored with the row's lse, and
+// Cosine's inverse |x_dst| where `norms` is given: store_row_stats). `per_head` values per head
 // (C, or 1 for GAT's alpha_dst); GATv2's attention-vector share of the row
 // goes to att_rows[j] (summed with the block partials on the host). Cosine:
 // the gradient is also scaled by beta[head] (head_scale), and the row's share
 // of d beta (from the tiles' beta_weighted / beta_plain) goes to
-// beta_rows[j, head].
+// beta_rows[j, head]. Either kind's extra sums are added in the same round
+// of loads as the others, not in a second pass over the tiles: the row's
+// tiles then cost one chain of loads, not two, and the kernel 72 registers,
+// not 168 (H100, rmat20, run 169: AGNN 141 -> 72 us, GATv2 136 -> 91).
 template <typename scalar_t>
 __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int per_head, float scale,
                                            const float* __restrict__ head_scale,
@@ -1309,48 +1334,49 @@ __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int p
                                            const float* __restrict__ plain, const float* __restrict__ att_weighted,
                                            const float* __restrict__ att_plain, const float* __restrict__ beta_weighted,
                                            const float* __restrict__ beta_plain, scalar_t* __restrict__ grad,
-                                           float* __restrict__ delta_out, float* __restrict__ att_rows,
+                                           const float* __restrict__ lse, const float* __restrict__ norms,
+                                           float* __restrict__ stats_out, float* __restrict__ att_rows,
                                            float* __restrict__ beta_rows) {
   const int64_t row = s.heavy_rows[blockIdx.x];
   const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
   const int64_t width = static_cast<int64_t>(heads) * per_head;
   for (int64_t f = threadIdx.x; f < width; f += blockDim.x) {
     const int head = static_cast<int>(f / per_head);
-    float delta = 0.f, sum_weighted = 0.f, sum_plain = 0.f, sum_att_weighted = 0.f, sum_att_plain = 0.f;
+    // extra: GATv2's attention-vector sums (per value) or Cosine's d beta sums (per head), else 0
+    float delta = 0.f, sum_weighted = 0.f, sum_plain = 0.f, sum_extra_weighted = 0.f, sum_extra_plain = 0.f;
     struct TileSums {
-      float delta, weighted, plain, att_weighted, att_plain;
+      float delta, weighted, plain, extra_weighted, extra_plain;
     };
     in_tile_order<TileSums>(
         first, last,
         [&](int64_t t) {
-          const bool att = att_rows != nullptr;
-          return TileSums{part_delta[t * heads + head], weighted[t * width + f], plain[t * width + f],
-                          att ? att_weighted[t * width + f] : 0.f, att ? att_plain[t * width + f] : 0.f};
+          TileSums tile{part_delta[t * heads + head], weighted[t * width + f], plain[t * width + f], 0.f, 0.f};
+          if (att_rows != nullptr) {
+            tile.extra_weighted = att_weighted[t * width + f];
+            tile.extra_plain = att_plain[t * width + f];
+          } else if (beta_rows != nullptr) {  // the same address for a head's threads: one load each
+            tile.extra_weighted = beta_weighted[t * heads + head];
+            tile.extra_plain = beta_plain[t * heads + head];
+          }
+          return tile;
         },
         [&](const TileSums& tile) {
           delta += tile.delta;
           sum_weighted += tile.weighted;
           sum_plain += tile.plain;
-          sum_att_weighted += tile.att_weighted;
-          sum_att_plain += tile.att_plain;
+          sum_extra_weighted += tile.extra_weighted;
+          sum_extra_plain += tile.extra_plain;
         });
     const float factor = head_scale != nullptr ? scale * head_scale[head] : scale;
     grad[row * width + f] = static_cast<scalar_t>(factor * (sum_weighted - delta * sum_plain));
+    const float extra = sum_extra_weighted - delta * sum_extra_plain;
+    if (att_rows != nullptr) att_rows[blockIdx.x * width + f] = extra;
     if (f % per_head == 0) {
-      delta_out[row * heads + head] = delta;
-      if (beta_rows != nullptr) {
-        float sum_beta_weighted = 0.f, sum_beta_plain = 0.f;
-        in_tile_order<float2>(
-            first, last,
-            [&](int64_t t) { return make_float2(beta_weighted[t * heads + head], beta_plain[t * heads + head]); },
-            [&](float2 tile) {
-              sum_beta_weighted += tile.x;
-              sum_beta_plain += tile.y;
-            });
-        beta_rows[blockIdx.x * heads + head] = sum_beta_weighted - delta * sum_beta_plain;
-      }
+      const int64_t at = row * heads + head;
+      store_row_stats(stats_out, at, norms != nullptr, lse[at], delta,
+                      norms != nullptr ? 1.f / clamped_norm(norms[at]) : 0.f);
+      if (beta_rows != nullptr) beta_rows[blockIdx.x * heads + head] = extra;
     }
-    if (att_rows != nullptr) att_rows[blockIdx.x * width + f] = sum_att_weighted - delta * sum_att_plain;
   }
 }
 
@@ -1435,7 +1461,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         const float2 lse_delta = lane.head_ok ? *reinterpret_cast<const float2*>(stats) : make_float2(0.f, 0.f);
         row_lse[u] = lse_delta.x;
         row_delta[u] = lse_delta.y;
-        if constexpr (KIND == kCosine) target_inverse_norm[u] = 1.f / clamped_norm(lane.head_ok ? stats[2] : 0.f);
+        // stored inverted by the target pass: no division on each edge's chain (H100, rmat20, run 169:
+        // AGNN's source pass 4.09 -> 3.30 ms in bf16, 4.51 -> 4.12 in fp32)
+        if constexpr (KIND == kCosine) target_inverse_norm[u] = lane.head_ok ? stats[2] : 0.f;
         if constexpr (KIND == kGat) z[u] = alpha_src + load_scalar(p.dst_scalar, neighbour[u], geo, lane.head, lane.head_ok);
       }
       if constexpr (KIND == kDot) {
@@ -2822,7 +2850,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
   const int64_t per_head = kind == kGat ? 1 : f.channels;
 
   at::Tensor grad_dst = at::empty({num_dst, f.heads * per_head}, msg_src.options());
-  at::Tensor delta = at::empty({num_dst, f.heads}, float_options);
+  // (lse, delta[, 1 / |x_dst|, 0]) per (target, head): the source pass's row_stats (store_row_stats)
+  at::Tensor row_stats = at::empty({num_dst, f.heads, kind == kCosine ? 4 : 2}, float_options);
   at::Tensor part_delta = at::empty({tiles, f.heads}, float_options);
   at::Tensor part_weighted = at::empty({tiles, f.heads * per_head}, float_options);
   at::Tensor part_plain = at::empty({tiles, f.heads * per_head}, float_options);
@@ -2847,7 +2876,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     p.lse_in = lse.data_ptr<float>();
     p.grad_vec = kind == kGat ? nullptr : grad_dst.data_ptr<scalar_t>();
     p.grad_scalar = kind == kGat ? grad_dst.data_ptr<scalar_t>() : nullptr;
-    p.delta_out = delta.data_ptr<float>();
+    p.stats_out = row_stats.data_ptr<float>();
     p.part_delta = part_delta.data_ptr<float>();
     p.part_vec = part_weighted.data_ptr<float>();
     p.part_vec2 = part_plain.data_ptr<float>();
@@ -2871,7 +2900,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
       finish_target_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), threads, 0, stream>>>(
           schedule, static_cast<int>(f.heads), static_cast<int>(per_head), kind == kDot || cosine ? p.scale : 1.f,
           cosine ? p.beta : nullptr, p.part_delta, p.part_vec, p.part_vec2, p.part_att, p.part_att2, p.part_scalar,
-          p.part_scalar2, grad_dst.data_ptr<scalar_t>(), p.delta_out,
+          p.part_scalar2, grad_dst.data_ptr<scalar_t>(), p.lse_in, cosine ? p.dst_norm : nullptr, p.stats_out,
           kind == kGatV2 ? att_rows.data_ptr<float>() : nullptr, cosine ? beta_rows.data_ptr<float>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
@@ -2880,7 +2909,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     if (cosine) grad_att = att_partial.sum(0) + beta_rows.sum(0);
   });
   if (kind != kGat) grad_dst = grad_dst.view({num_dst, f.heads, f.channels});
-  return {grad_dst, grad_att, delta};
+  return {grad_dst, grad_att, row_stats};
 }
 
 // Blocks of the node-level Cosine kernels: one warp per (node, head) row.
@@ -2938,7 +2967,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     const c10::optional<at::Tensor>& key_src, const c10::optional<at::Tensor>& dst_vec,
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
-    const at::Tensor& lse, const at::Tensor& delta, double negative_slope, double scale, double dropout,
+    const at::Tensor& row_stats, double negative_slope, double scale, double dropout,
     int64_t seed, int64_t offset, bool write_edge_grads, const c10::optional<at::Tensor>& packed_grads,
     const c10::optional<at::Tensor>& hinted_indices) {
   const char* op = kBackwardSource;
@@ -2953,11 +2982,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
       check_features(op, kind, num_dst, num_edges, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge);
   GNNIO_ENSURE(f.num_src == num_src, op, ": msg_src has ", f.num_src, " rows but the CSC has ", num_src);
   check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
-  check_tensor(op, "lse", lse, at::kFloat, {num_dst, f.heads});
-  // delta alone, or already beside lse (attention_row_dots with lse)
-  const bool paired = delta.dim() == 3 && kind != kCosine;
-  if (paired) check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads, 2});
-  if (!paired) check_tensor(op, "delta", delta, at::kFloat, {num_dst, f.heads});
+  // (lse, delta[, 1 / |x_dst|, 0]) side by side, as attention_row_dots (given lse) or attention_backward_target
+  // writes them: the pass gathers them for every edge
+  check_tensor(op, "row_stats", row_stats, at::kFloat, {num_dst, f.heads, kind == kCosine ? 4 : 2});
   GNNIO_ENSURE(!write_edge_grads || kind == kGat || kind == kDot, op,
               ": edge gradients are written for kinds 0 (GAT) and 2 (dot) only, got kind ", kind);
   const c10::cuda::CUDAGuard guard(msg_src.device());
@@ -2965,10 +2992,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   const int64_t tiles = schedule.num_tiles;
 
   at::Tensor edge_grads = at::empty({write_edge_grads ? num_edges : 0, f.heads}, float_options);
-  // (lse, delta[, |x_dst|, padding]) side by side: the pass gathers them for every edge
-  const at::Tensor row_stats = paired            ? delta
-                               : kind == kCosine ? at::stack({lse, delta, *dst_scalar, lse}, -1)
-                                                 : at::stack({lse, delta}, -1);
   const int64_t packed_width = check_packed_grads(op, packed_grads, f, num_dst);
   const int64_t row_width = f.heads * f.channels;
   // packed: d x_src and d alpha_src are views of packed_grads' rows
@@ -3233,10 +3256,11 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   dropped edges; [0, H] otherwise).
 // attention_backward_target (every kind; the host runs GAT and dot in fp32
 //   through attention_backward_target_from_edges instead) -> (grad of dst_vec [Nd, H, C] or dst_scalar [Nd, H],
-//   grad of att [H, C] (GATv2) or of beta fp32 [H] (cosine), else empty; delta fp32 [Nd, H]
-//   for the source pass).
-// attention_backward_source (delta fp32 [Nd, H], or for GAT and dot the pairs
-//   (lse, delta) fp32 [Nd, H, 2] that attention_row_dots gives with lse) ->
+//   grad of att [H, C] (GATv2) or of beta fp32 [H] (cosine), else empty; row_stats for
+//   the source pass: (lse, delta) fp32 [Nd, H, 2], or for cosine (lse, delta,
+//   1 / max(|x_dst|, 1e-12), 0) fp32 [Nd, H, 4]; an empty row's (0, 0[, 0, 0])).
+// attention_backward_source (row_stats: attention_backward_target's, or for GAT and
+//   dot the pairs (lse, delta) fp32 [Nd, H, 2] that attention_row_dots gives with lse) ->
 //   (grad of msg_src, grad of key_src (dot, else empty), grad of src_scalar
 //   (GAT, else empty), grad of edge (else empty),
 //   edge_grads fp32 [E, H] in CSC slot order when write_edge_grads, GAT and
@@ -3280,7 +3304,7 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "Tensor grad_out, Tensor lse, float negative_slope, float scale, float dropout, int seed, int offset) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("attention_backward_source(int kind, " GNNIO_ATTENTION_GRAPH_ARGS
-        "Tensor grad_out, Tensor lse, Tensor delta, float negative_slope, float scale, float dropout, int seed, "
+        "Tensor grad_out, Tensor row_stats, float negative_slope, float scale, float dropout, int seed, "
         "int offset, bool write_edge_grads, Tensor? packed_grads=None, Tensor? hinted_indices=None) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("attention_backward_target_from_edges(int kind, " GNNIO_ATTENTION_GRAPH_ARGS

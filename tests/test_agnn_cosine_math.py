@@ -224,19 +224,23 @@ class FakeCosineKernels:
         return prob, dp, cosine
 
     def attention_backward_target(self, *args):
-        (dst, src), (x_src, u_dst, n_src, beta), (grad_out, lse, _slope, scale, *_rest) = self._split(args)
-        grad_out, lse = grad_out[:, 0], lse[:, 0].double()
+        (dst, src), (x_src, u_dst, n_src, beta), (grad_out, lse_in, _slope, scale, *_rest) = self._split(args)
+        grad_out, lse = grad_out[:, 0], lse_in[:, 0].double()
         prob, dp, cosine = self._score_grad(src, dst, x_src, u_dst, n_src, beta, scale, grad_out, lse)
         delta = scatter_rows(dst, prob * dp, u_dst.shape[0])
         score_grad = prob * (dp - delta[dst])
         u_src = x_src[src] / n_src.clamp_min(FLOOR)[src].unsqueeze(-1)
         grad_unit_dst = beta * scale * scatter_rows(dst, score_grad.unsqueeze(-1) * u_src, u_dst.shape[0])
         grad_beta = (score_grad * cosine).sum().reshape(1).float()
-        return grad_unit_dst.unsqueeze(1), grad_beta, delta.unsqueeze(1).float()
+        # the source pass's row_stats: (lse, delta, 1 / max(|x_dst|, floor), 0) per (target, head)
+        inverse_norm = 1.0 / args[4 + self.SCHEDULE_ARGS + 4].clamp_min(FLOOR)
+        row_stats = torch.stack([lse_in, delta.unsqueeze(1).float(), inverse_norm, torch.zeros_like(lse_in)], -1)
+        return grad_unit_dst.unsqueeze(1), grad_beta, row_stats
 
     def attention_backward_source(self, *args):
-        (src, dst), (x_src, u_dst, n_src, beta), (grad_out, lse, delta, _slope, scale, *_rest) = self._split(args)
-        grad_out, lse, delta = grad_out[:, 0], lse[:, 0].double(), delta[:, 0].double()
+        (src, dst), (x_src, u_dst, n_src, beta), (grad_out, row_stats, _slope, scale, *_rest) = self._split(args)
+        assert row_stats.shape == (u_dst.shape[0], 1, 4), row_stats.shape
+        grad_out, lse, delta = grad_out[:, 0], row_stats[:, 0, 0].double(), row_stats[:, 0, 1].double()
         prob, dp, _ = self._score_grad(src, dst, x_src, u_dst, n_src, beta, scale, grad_out, lse)
         score_grad = prob * (dp - delta[dst])
         grad_message = scatter_rows(src, prob.unsqueeze(-1) * grad_out[dst], x_src.shape[0])

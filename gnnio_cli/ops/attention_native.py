@@ -418,7 +418,7 @@ class _FusedAttention(torch.autograd.Function):
                 rows, heads, channels = tensors[0].shape
                 packed = grad_out.new_empty(rows, heads * channels + 2 * heads)
             grad_msg, grad_key, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, lse, row_stats, *call.score_args(), True, packed,
+                call.kind, *call.csc_args(), *tensors, grad_out, row_stats, *call.score_args(), True, packed,
                 call.hinted_csc,
             )
             grad_dst = torch.ops.gnnio.attention_backward_target_from_edges(
@@ -427,11 +427,12 @@ class _FusedAttention(torch.autograd.Function):
             )
             grad_att = None
         else:
-            grad_dst, grad_att, delta = torch.ops.gnnio.attention_backward_target(
+            # row_stats: (lse, delta) per (target, head), as the source pass gathers them
+            grad_dst, grad_att, row_stats = torch.ops.gnnio.attention_backward_target(
                 call.kind, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
             )
             grad_msg, grad_key, grad_src_scalar, grad_edge, _ = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, lse, delta, *call.score_args(), False, None,
+                call.kind, *call.csc_args(), *tensors, grad_out, row_stats, *call.score_args(), False, None,
                 call.hinted_csc,
             )
         has_edge = tensors[6] is not None
@@ -588,13 +589,14 @@ class _CosineAttention(torch.autograd.Function):
         x_src, norm_src, x_dst, norm_dst, beta_f32, lse = ctx.saved_tensors
         tensors = _cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32)
         grad_out = grad_out.contiguous()
-        grad_unit_dst, grad_beta, delta = torch.ops.gnnio.attention_backward_target(
+        # row_stats: (lse, delta, |x_dst|, 0) per target, as the source pass gathers them
+        grad_unit_dst, grad_beta, row_stats = torch.ops.gnnio.attention_backward_target(
             COSINE, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
         )
         # The source pass returns d x_src whole; when x_dst is x_src it also takes d u_dst (key_src's slot).
         source_tensors = (x_src, grad_unit_dst if ctx.shared else None, *tensors[2:])
         grad_src, *_ = torch.ops.gnnio.attention_backward_source(
-            COSINE, *call.csc_args(), *source_tensors, grad_out, lse, delta, *call.score_args(), False
+            COSINE, *call.csc_args(), *source_tensors, grad_out, row_stats, *call.score_args(), False
         )
         grad_dst = None
         if not ctx.shared:
