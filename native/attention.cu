@@ -1143,7 +1143,7 @@ __global__ void __launch_bounds__(256, 4)
 // Each row's delta goes out beside what the source pass gathers with it per
 // edge (Params::row_stats): (lse, delta), and for Cosine (lse, delta,
 // 1 / max(|x_dst|, floor), 0). The source pass then takes them as they are,
-// with no stacking first (at::stack took 58-74 us of a fwd+bwd on rmat20,
+// with no stacking first (at::stack took 57-74 us of a fwd+bwd on rmat20,
 // H100, run 168). The values come from registers: the row's lse and inverse
 // norm are live through its edges, and a load at the row's end would add
 // its latency to every row (run 168: the pass took 20-68 us longer so).
