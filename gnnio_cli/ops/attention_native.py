@@ -589,7 +589,7 @@ class _CosineAttention(torch.autograd.Function):
         x_src, norm_src, x_dst, norm_dst, beta_f32, lse = ctx.saved_tensors
         tensors = _cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32)
         grad_out = grad_out.contiguous()
-        # row_stats: (lse, delta, |x_dst|, 0) per target, as the source pass gathers them
+        # row_stats: (lse, delta, 1 / max(|x_dst|, 1e-12), 0) per target, as the source pass gathers them
         grad_unit_dst, grad_beta, row_stats = torch.ops.gnnio.attention_backward_target(
             COSINE, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
         )
