@@ -2819,10 +2819,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
 }
 
 // Heavy rows of the backward source pass: the tiles' partial rows [T, width]
-// added in tile order into their rows of out ([N, H, C] or [N, H]).
-void sum_tiles(const RowSchedule& s, int64_t width, const at::Tensor& partial, const at::Tensor& out) {
+// added in tile order into their rows of out ([N, H, C] or [N, H]), and
+// where given partial2's into out2's in the same pass (Dot's and Cosine's d key
+// beside d value: one pass of one block per heavy row, not two).
+void sum_tiles(const RowSchedule& s, int64_t width, const at::Tensor& partial, const at::Tensor& out,
+               const at::Tensor* partial2 = nullptr, const at::Tensor* out2 = nullptr) {
   at::Tensor rows = out.view({out.size(0), width});
-  merge_partial_sums(s, partial, rows);
+  if (partial2 == nullptr) {
+    merge_partial_sums(s, partial, rows);
+    return;
+  }
+  at::Tensor rows2 = out2->view({out2->size(0), width});
+  merge_partial_sums(s, partial, rows, partial2, &rows2);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
@@ -3033,8 +3041,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     } else {
       GNNIO_ATTENTION_SWITCH(kind, vec, [&] { launch_resident(backward_source_kernel<KIND, VEC, scalar_t>, p, stream); });
     }
-    sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg);
-    if (has_key) sum_tiles(schedule, f.heads * f.channels, part_vec2, grad_key);
+    if (has_key) {
+      sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg, &part_vec2, &grad_key);
+    } else {
+      sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg);
+    }
     if (kind == kGat) sum_tiles(schedule, f.heads, part_scalar, grad_scalar);
     if (kind == kCosine && schedule.num_heavy > 0) {
       // the heavy rows' d x_src = V + F.normalize's backward of B (+ A), V already in grad_msg

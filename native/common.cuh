@@ -550,7 +550,11 @@ inline int merge_threads(int64_t width) {
 
 // Second pass of every summing kernel (spmm.cu): out[heavy_rows[h]] = the sum,
 // in tile order, of the fp32 partial rows [T, F] of h's tiles. out is 2-d
-// [rows, F] (a view of a wider tensor's rows is fine).
-void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out);
+// [rows, F] (a view of a wider tensor's rows is fine). Given a second pair
+// (partials2 [T, F], out2 [rows, F], same dtype as out), both are merged in
+// the same pass: the pass takes as long as its one block per heavy row
+// lasts, not as long as its loads, so two pairs cost about what one does.
+void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out,
+                        const at::Tensor* partials2 = nullptr, at::Tensor* out2 = nullptr);
 
 }  // namespace gnnio

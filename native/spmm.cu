@@ -276,34 +276,64 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, kSubwarpMinBlocksPerSm)
 
 }  // namespace
 
-// Second pass, shared with the max/min backward: each block merges one heavy
-// row's tile partials in tile order. out's rows lie out_stride elements apart
-// (width, or more for the row views of a wider tensor).
+// Second pass, shared with the max/min backward and attention's source pass:
+// each block merges one heavy row's tile partials in tile order, and the
+// second pair's with them where given (partials2 non-null: attention's
+// d value and d key), in the same rounds of loads. Rows of out and out2 lie
+// out_stride and out2_stride elements apart (width, or more for the row
+// views of a wider tensor).
 template <typename scalar_t>
-__global__ void merge_partial_sums_kernel(RowSchedule schedule, const float* __restrict__ partials, int64_t width,
-                                          int64_t out_stride, scalar_t* __restrict__ out) {
+__global__ void merge_partial_sums_kernel(RowSchedule schedule, int64_t width, const float* __restrict__ partials,
+                                          int64_t out_stride, scalar_t* __restrict__ out,
+                                          const float* __restrict__ partials2, int64_t out2_stride,
+                                          scalar_t* __restrict__ out2) {
   const int64_t heavy = blockIdx.x;
   const int64_t row = schedule.heavy_rows[heavy];
   const int64_t first = schedule.heavy_tile_ptr[heavy];
   const int64_t last = schedule.heavy_tile_ptr[heavy + 1];
   for (int64_t column = threadIdx.x; column < width; column += blockDim.x) {
-    float acc = 0.f;
-    in_tile_order<float>(
-        first, last, [&](int64_t tile) { return partials[tile * width + column]; }, [&](float value) { acc += value; });
-    out[row * out_stride + column] = static_cast<scalar_t>(acc);
+    if (partials2 == nullptr) {
+      float acc = 0.f;
+      in_tile_order<float>(
+          first, last, [&](int64_t tile) { return partials[tile * width + column]; },
+          [&](float value) { acc += value; });
+      out[row * out_stride + column] = static_cast<scalar_t>(acc);
+    } else {
+      float2 acc = make_float2(0.f, 0.f);
+      in_tile_order<float2>(
+          first, last,
+          [&](int64_t tile) { return make_float2(partials[tile * width + column], partials2[tile * width + column]); },
+          [&](float2 value) {
+            acc.x += value.x;
+            acc.y += value.y;
+          });
+      out[row * out_stride + column] = static_cast<scalar_t>(acc.x);
+      out2[row * out2_stride + column] = static_cast<scalar_t>(acc.y);
+    }
   }
 }
 
-void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out) {
+void merge_partial_sums(const RowSchedule& schedule, const at::Tensor& partials, at::Tensor& out,
+                        const at::Tensor* partials2, at::Tensor* out2) {
   const int64_t width = out.size(1);
   if (schedule.num_heavy == 0 || width == 0) return;
   GNNIO_ENSURE(out.stride(1) == 1 && out.stride(0) >= width,
               "gnnio::merge_partial_sums: out rows must be dense, got strides ", out.strides());
+  GNNIO_ENSURE((partials2 == nullptr) == (out2 == nullptr),
+              "gnnio::merge_partial_sums: partials2 and out2 come together");
+  if (out2 != nullptr) {
+    GNNIO_ENSURE(out2->dim() == 2 && out2->size(1) == width && out2->stride(1) == 1 && out2->stride(0) >= width &&
+                     out2->scalar_type() == out.scalar_type() && partials2->sizes() == partials.sizes(),
+                 "gnnio::merge_partial_sums: the second pair must match the first, got out2 ", out2->sizes(),
+                 " strides ", out2->strides(), " and partials2 ", partials2->sizes(), " against ", partials.sizes());
+  }
   const int threads = merge_threads(width);
   auto stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(out.scalar_type(), "gnnio::merge_partial_sums", [&] {
     merge_partial_sums_kernel<scalar_t><<<schedule.num_heavy, threads, 0, stream>>>(
-        schedule, partials.data_ptr<float>(), width, out.stride(0), out.data_ptr<scalar_t>());
+        schedule, width, partials.data_ptr<float>(), out.stride(0), out.data_ptr<scalar_t>(),
+        partials2 == nullptr ? nullptr : partials2->data_ptr<float>(), out2 == nullptr ? 0 : out2->stride(0),
+        out2 == nullptr ? nullptr : out2->data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
