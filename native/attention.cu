@@ -88,9 +88,9 @@ struct Params {
   const scalar_t* msg_src;     // [Ns, H, C] x_src (GAT, GATv2, Cosine) or value (Dot)
   const scalar_t* key_src;     // [Ns, H, C] key (Dot)
   const scalar_t* dst_vec;     // [Nd, H, C] x_dst (GATv2, Cosine) or query (Dot)
-  const float* src_norm;       // [Ns, H] fp32 row norms |x_src| (Cosine)
+  const float* src_norm;       // [Ns, H, 2] fp32 (|x_src|, 1 / max(|x_src|, floor)) (Cosine: row_norm_of)
   const scalar_t* unit_grad;   // [Ns, H, C] Cosine source pass: d u_dst from the target pass when x_dst is x_src
-  const float* dst_norm;       // [Nd, H] fp32 row norms |x_dst| (Cosine)
+  const float* dst_norm;       // [Nd, H, 2] fp32 (|x_dst|, 1 / max(|x_dst|, floor)) (Cosine)
   const float* beta;           // [H] fp32 score factor (Cosine)
   const scalar_t* src_scalar;  // [Ns, H] alpha_src (GAT)
   const scalar_t* dst_scalar;  // [Nd, H] alpha_dst (GAT)
@@ -401,11 +401,21 @@ constexpr int source_edges_per_step() {
   return VEC == 4 && KIND == kGatV2 ? 3 : 2;
 }
 
-// 1 / max(|x|, floor) of row `node`'s head (Cosine's norms are fp32 [N, H]).
+// Cosine's norms are fp32 [N, H, 2]: per (row, head) |x| and 1 / max(|x|,
+// floor), both from attention_row_norms. The edge passes take the inverse
+// as it is: a division on each edge's chain cost AGNN's source pass 19% in
+// bf16 (H100, rmat20, run 169). Lanes past the heads read 0.
+template <int VEC>
+__device__ __forceinline__ float row_norm_of(const float* norms, int64_t node, const LaneGeometry& geo,
+                                             const Lane<VEC>& lane) {
+  return lane.head_ok ? norms[(static_cast<uint64_t>(static_cast<uint32_t>(node)) * geo.heads + lane.head) * 2] : 0.f;
+}
+
 template <int VEC>
 __device__ __forceinline__ float inverse_norm_of(const float* norms, int64_t node, const LaneGeometry& geo,
                                                  const Lane<VEC>& lane) {
-  return 1.f / clamped_norm(load_scalar(norms, node, geo, lane.head, lane.head_ok));
+  return lane.head_ok ? norms[(static_cast<uint64_t>(static_cast<uint32_t>(node)) * geo.heads + lane.head) * 2 + 1]
+                      : 0.f;
 }
 
 // Cosine's per-edge terms over one step's gathered source rows x_src
@@ -1374,7 +1384,7 @@ __global__ void finish_target_tiles_kernel(const RowSchedule s, int heads, int p
     if (f % per_head == 0) {
       const int64_t at = row * heads + head;
       store_row_stats(stats_out, at, norms != nullptr, lse[at], delta,
-                      norms != nullptr ? 1.f / clamped_norm(norms[at]) : 0.f);
+                      norms != nullptr ? norms[2 * at + 1] : 0.f);
       if (beta_rows != nullptr) beta_rows[blockIdx.x * heads + head] = extra;
     }
   }
@@ -1437,8 +1447,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
     float alpha_src = 0.f, norm = 0.f, inverse_norm = 1.f;
     if constexpr (KIND == kGat) alpha_src = load_scalar(p.src_scalar, item.row, geo, lane.head, lane.head_ok);
     if constexpr (KIND == kCosine) {
-      norm = load_scalar(p.src_norm, item.row, geo, lane.head, lane.head_ok);
-      inverse_norm = 1.f / clamped_norm(norm);
+      norm = row_norm_of<VEC>(p.src_norm, item.row, geo, lane);
+      inverse_norm = inverse_norm_of<VEC>(p.src_norm, item.row, geo, lane);
     }
 
     Chunks<VEC> source_grad, key_grad;
@@ -1591,7 +1601,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       Chunks<VEC> x, grad;
       set_zero<VEC>(grad);
       load_row<VEC>(p.msg_src, row, geo, lane, x);
-      const float norm = load_scalar(p.src_norm, row, geo, lane.head, lane.head_ok);
+      const float norm = row_norm_of<VEC>(p.src_norm, row, geo, lane);
       cosine_source_row_grad<VEC>(p, row, geo, lane, x, norm, zero, grad);
       store_row<VEC>(p.grad_vec, row, geo, lane, grad);
     } else {
@@ -2152,7 +2162,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) gat_target_sums_kernel(
 // With lse (fp32 [rows]) the rows' softmax statistics come out instead:
 // dots[2r] = lse[r], dots[2r + 1] = the dot, the (lse, delta) pairs the
 // source pass gathers per edge, without a separate pass stacking them.
-// NORMS: dots[r] = |a[r]| instead (b and offset unused), Cosine's row norms.
+// NORMS: (dots[2r], dots[2r + 1]) = (|a[r]|, 1 / max(|a[r]|, floor))
+// instead (b and offset unused), Cosine's row norms and the inverses its
+// edge passes multiply by.
 //
 // Each lane reads whole chunks of VEC elements (16 bytes where the rows are
 // 16-byte aligned and C % VEC == 0, else VEC 1), `lanes` lanes per row
@@ -2202,10 +2214,13 @@ __global__ void row_dots_kernel(const scalar_t* __restrict__ a, const scalar_t* 
     const float sum = head_sum<kWarp>(sums[r], lanes);
     const int64_t row = first + static_cast<int64_t>(r) * rows_per_round;
     if (in_row != 0 || row >= rows) continue;
-    if (lse != nullptr) {
+    if constexpr (NORMS) {
+      const float norm = sqrtf(sum);
+      reinterpret_cast<float2*>(dots)[row] = make_float2(norm, 1.f / clamped_norm(norm));
+    } else if (lse != nullptr) {
       reinterpret_cast<float2*>(dots)[row] = make_float2(lse[row], sum);
     } else {
-      dots[row] = NORMS ? sqrtf(sum) : sum;
+      dots[row] = sum;
     }
   }
 }
@@ -2302,7 +2317,7 @@ __global__ void unit_rows_backward_kernel(const scalar_t* __restrict__ x, const 
   auto grad_at = [&](int64_t i) {
     return static_cast<float>(grad1[i]) + (grad2 != nullptr ? static_cast<float>(grad2[i]) : 0.f);
   };
-  const float row_norm = norm[row];
+  const float row_norm = norm[2 * row];  // (|x|, inverse) pairs, attention_row_norms'
   const float divisor = clamped_norm(row_norm);
   const float inverse = 1.f / divisor;
   // a quotient, not x * inverse: for one channel x / sqrt(x * x) is exactly +-1, so the
@@ -2419,9 +2434,10 @@ Features check_features(const char* op, int64_t kind, int64_t num_dst, int64_t n
   }
   if (kind == kGatV2) check_tensor(op, "att", required(op, "att", att, kind), dtype, {h, c});
   if (kind == kCosine) {
-    // fp32 whatever the features' dtype: the norms divide every cosine, beta scales every score
-    check_tensor(op, "src_scalar", required(op, "src_scalar", src_scalar, kind), at::kFloat, {ns, h});
-    check_tensor(op, "dst_scalar", required(op, "dst_scalar", dst_scalar, kind), at::kFloat, {num_dst, h});
+    // fp32 whatever the features' dtype: the norms divide every cosine, beta scales every score;
+    // the norms as attention_row_norms gives them, (|x|, 1 / max(|x|, floor)) per (row, head)
+    check_tensor(op, "src_scalar", required(op, "src_scalar", src_scalar, kind), at::kFloat, {ns, h, 2});
+    check_tensor(op, "dst_scalar", required(op, "dst_scalar", dst_scalar, kind), at::kFloat, {num_dst, h, 2});
     check_tensor(op, "att", required(op, "att", att, kind), at::kFloat, {h});
     GNNIO_ENSURE(!edge.has_value(), op, ": kind 3 (cosine) takes no edge features");
     // key_src's slot: the target pass's d u of the same rows (source pass, x_dst is x_src)
@@ -3136,13 +3152,18 @@ void check_rows(const char* op, const char* name, const at::Tensor& t) {
   GNNIO_ENSURE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides());
 }
 
-// x [N, H, C] -> |x| fp32 [N, H].
+// x [N, H, C] -> (|x|, 1 / max(|x|, floor)) fp32 [N, H, 2].
 at::Tensor attention_row_norms(const at::Tensor& x) {
   check_rows(kRowNorms, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0) * x.size(1);
-  at::Tensor norm = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kFloat));
-  if (rows == 0 || x.size(2) == 0) return norm.zero_();
+  at::Tensor norm = at::empty({x.size(0), x.size(1), 2}, x.options().dtype(at::kFloat));
+  if (rows == 0) return norm;
+  if (x.size(2) == 0) {  // empty rows: norm 0, clamped to the floor
+    norm.select(2, 0).zero_();
+    norm.select(2, 1).fill_(1.f / kNormFloor);  // fp32, as the kernel divides
+    return norm;
+  }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   GNNIO_DISPATCH_FEATURES(x.scalar_type(), kRowNorms, [&] {
     launch_row_dots<true, scalar_t>(x, nullptr, c10::nullopt, c10::nullopt, nullptr, norm.data_ptr<float>(), stream);
@@ -3212,7 +3233,7 @@ at::Tensor attention_unit_rows_backward(const at::Tensor& x, const at::Tensor& n
   const char* op = kUnitRowsBackward;
   check_rows(op, "x", x);
   check_tensor(op, "grad_unit", grad_unit, x.scalar_type(), {x.size(0), x.size(1), x.size(2)});
-  check_tensor(op, "norm", norm, at::kFloat, {x.size(0), x.size(1)});
+  check_tensor(op, "norm", norm, at::kFloat, {x.size(0), x.size(1), 2});
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0) * x.size(1);
   at::Tensor grad_x = at::empty_like(x);
@@ -3258,7 +3279,7 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   msg_src [Ns, H, C]: x_src (GAT, GATv2, cosine) or value (dot)
 //   key_src [Ns, H, C]: key (dot);  dst_vec [Nd, H, C]: x_dst (GATv2, cosine) or query (dot)
 //   src_scalar [Ns, H], dst_scalar [Nd, H]: alpha_src, alpha_dst (GAT);
-//     src_scalar fp32 [Ns, H], dst_scalar fp32 [Nd, H]: the row norms |x_src|, |x_dst| (cosine)
+//     src_scalar fp32 [Ns, H, 2], dst_scalar fp32 [Nd, H, 2]: attention_row_norms of x_src, x_dst (cosine)
 //   att [H, C] (GATv2) or beta fp32 [H] (cosine);  edge: [E, H] (GAT) or [E, H, C]
 // attention_forward -> (out [Nd, H, C] (+ bias [H, C] and + residual
 //   [Nd, H, C] when given: a layer's output bias and skip connection, added
@@ -3295,8 +3316,8 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   Cosine: the first holds the whole d out / d x_src (messages, scores, and
 //   F.normalize's backward; with key_src set to the target pass's d u_dst when
 //   x_dst is x_src, that too), the others are empty.
-// attention_row_norms(x [N, H, C]) -> |x| fp32 [N, H].
-// attention_unit_rows_backward(x, norm, grad_unit) -> the gradient of x through
+// attention_row_norms(x [N, H, C]) -> (|x|, 1 / max(|x|, 1e-12)) fp32 [N, H, 2].
+// attention_unit_rows_backward(x, norm (attention_row_norms'), grad_unit) -> the gradient of x through
 //   x / max(|x|, 1e-12) (F.normalize) of grad_unit.
 // Deterministic; no atomics.
 #define GNNIO_ATTENTION_GRAPH_ARGS                                                                          \

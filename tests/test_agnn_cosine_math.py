@@ -195,8 +195,9 @@ class FakeCosineKernels:
         assert edge is None
         rows = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
         # the target's unit rows, as the kernels form them from x_dst and its norm
-        u_dst = x_dst[:, 0] / norm_dst[:, 0].double().clamp_min(FLOOR).unsqueeze(-1)
-        return (rows, indices.long()), (x_src[:, 0], u_dst, norm_src[:, 0], beta[0]), rest[7:]
+        # the norms as attention_row_norms gives them: (|x|, 1 / max(|x|, floor)) per (row, head)
+        u_dst = x_dst[:, 0] / norm_dst[:, 0, 0].double().clamp_min(FLOOR).unsqueeze(-1)
+        return (rows, indices.long()), (x_src[:, 0], u_dst, norm_src[:, 0, 0], beta[0]), rest[7:]
 
     @staticmethod
     def _scores(x_src, u_dst, n_src, beta, scale, src, dst):
@@ -233,7 +234,7 @@ class FakeCosineKernels:
         grad_unit_dst = beta * scale * scatter_rows(dst, score_grad.unsqueeze(-1) * u_src, u_dst.shape[0])
         grad_beta = (score_grad * cosine).sum().reshape(1).float()
         # the source pass's row_stats: (lse, delta, 1 / max(|x_dst|, floor), 0) per (target, head)
-        inverse_norm = 1.0 / args[4 + self.SCHEDULE_ARGS + 4].clamp_min(FLOOR)
+        inverse_norm = args[4 + self.SCHEDULE_ARGS + 4][..., 1]
         row_stats = torch.stack([lse_in, delta.unsqueeze(1).float(), inverse_norm, torch.zeros_like(lse_in)], -1)
         return grad_unit_dst.unsqueeze(1), grad_beta, row_stats
 
@@ -254,11 +255,13 @@ class FakeCosineKernels:
         return grad_x.unsqueeze(1), empty, empty, empty, empty
 
     def attention_row_norms(self, x):
-        return unit_rows(x)[1].float()
+        norm = unit_rows(x)[1]
+        return torch.stack([norm, 1.0 / norm.clamp_min(FLOOR)], -1).float()
 
     def attention_unit_rows_backward(self, x, norm, grad_unit):
-        unit = x / norm.double().clamp_min(FLOOR).unsqueeze(-1)
-        return unit_rows_backward(grad_unit, unit, norm.double())
+        norm = norm[..., 0].double()
+        unit = x / norm.clamp_min(FLOOR).unsqueeze(-1)
+        return unit_rows_backward(grad_unit, unit, norm)
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["x_dst-is-x_src", "separate"])

@@ -496,15 +496,17 @@ def test_gatv2_16bit_forward_with_packed_scores_matches_the_rounded_reference(he
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads,channels", [(1, 8), (3, 33), (1, 128), (2, 264)])
 def test_row_norms_match_fp64(heads, channels, dtype):
-    """attention_row_norms (AGNN's |x| per row, fp32) for rows read in 16-byte chunks (one chunk per
-    row, many rows per load; several lanes per row; rows wider than a warp's chunks) and one element
-    at a time (33 channels)."""
+    """attention_row_norms (AGNN's |x| and 1 / max(|x|, 1e-12) per row, fp32) for rows read in 16-byte
+    chunks (one chunk per row, many rows per load; several lanes per row; rows wider than a warp's
+    chunks) and one element at a time (33 channels); a zero row takes the floor."""
     x = randn(301, heads, channels, dtype=dtype, device="cuda", generator=torch.Generator().manual_seed(channels))
-    poison = torch.full((301 * heads,), float("nan"), device="cuda")
-    del poison
+    x[7] = 0
     norm = torch.ops.gnnio.attention_row_norms(x)
-    assert norm.dtype == torch.float32 and norm.shape == (301, heads)
-    assert relative_error(norm, torch.linalg.vector_norm(x.double(), dim=-1)) <= 1e-6
+    assert norm.dtype == torch.float32 and norm.shape == (301, heads, 2)
+    expected = torch.linalg.vector_norm(x.double(), dim=-1)
+    assert relative_error(norm[..., 0], expected) <= 1e-6
+    assert relative_error(norm[..., 1], 1.0 / expected.clamp_min(1e-12)) <= 1e-6
+    assert torch.all(norm[7, :, 1] == 1.0 / torch.tensor(1e-12, dtype=torch.float32))
 
 
 def test_edge_balanced_forward_with_dropout_uses_the_fused_mask():
@@ -667,8 +669,8 @@ def test_agnn_row_norms_and_unit_rows_backward_match_f_normalize():
     norm = torch.ops.gnnio.attention_row_norms(x)
     x64 = x.double().requires_grad_()
     expected = torch.nn.functional.normalize(x64, p=2.0, dim=-1)
-    assert norm.dtype == torch.float32 and norm.shape == (200, 1)
-    assert relative_error(norm, torch.linalg.vector_norm(x64, dim=-1)) <= 1e-6
+    assert norm.dtype == torch.float32 and norm.shape == (200, 1, 2)
+    assert relative_error(norm[..., 0], torch.linalg.vector_norm(x64, dim=-1)) <= 1e-6
     grad = randn(200, 1, 33, generator=torch.Generator().manual_seed(71)).cuda()
     grad_x = torch.ops.gnnio.attention_unit_rows_backward(x, norm, grad)
     expected_x = torch.autograd.grad(expected, x64, grad.double())[0]

@@ -556,8 +556,9 @@ class _CosineAttention(torch.autograd.Function):
     """(x_src [Ns, 1, C], x_dst [Nd, 1, C] or None when it is x_src, beta) -> (out [Nd, 1, C], lse, scores).
 
     AGNN through the kernels' Cosine kind (attention.cu's header has the
-    derivation): forward takes the fp32 norm of each row in one pass; the
-    kernels read the rows themselves (exact in every dtype) with their norms,
+    derivation): forward takes the fp32 norm of each row and its inverse
+    1 / max(norm, 1e-12) in one pass; the kernels read the rows themselves
+    (exact in every dtype) with them,
     cosine = <x_dst, x_src> / max(|x_src|, 1e-12) / max(|x_dst|, 1e-12), the
     message x_src. Backward: the target pass gives d u_dst and d beta (u =
     F.normalize(x)); the source pass gives d x_src whole: through the messages
