@@ -115,10 +115,9 @@ struct Params {
   // backward inputs and outputs
   const scalar_t* grad_out;
   const float* lse_in;  // target pass
-  // source pass: per (target, head) its softmax statistics, [Nd, H, stats_width] fp32:
-  // (lse, delta), and 1 / max(|x_dst|, floor) third for Cosine (width 4); one gathered sector per edge
+  // source pass: per (target, head) its softmax statistics, [Nd, H, row_stats_width(KIND)] fp32:
+  // (lse, delta), and 1 / max(|x_dst|, floor) third for Cosine; one gathered sector per edge
   const float* row_stats;
-  int stats_width;
   scalar_t* grad_vec;     // target pass: d query / d x_dst; source pass: d value / d x_src
   scalar_t* grad_vec2;    // source pass, Dot: d key
   scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
@@ -1467,7 +1466,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         if constexpr (KIND != kGat) load_row<VEC>(p.dst_vec, neighbour[u], geo, lane, target[u]);
         const float* stats =
             p.row_stats + (static_cast<uint64_t>(static_cast<uint32_t>(neighbour[u])) * geo.heads + lane.head) *
-                              static_cast<uint32_t>(p.stats_width);
+                              row_stats_width(KIND);
         const float2 lse_delta = lane.head_ok ? *reinterpret_cast<const float2*>(stats) : make_float2(0.f, 0.f);
         row_lse[u] = lse_delta.x;
         row_delta[u] = lse_delta.y;
@@ -1987,7 +1986,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 3) dot_source_ahead_ker
           for (int u = 0; u < U; ++u) {
             if (!valid[u]) continue;
             ring.fetch_pair(stage, u, p.grad_out, p.dst_vec, target[u], geo, lane, evict_first);
-            const float* stats = p.row_stats + (static_cast<uint64_t>(target[u].id) * geo.heads + stats_head) * 2;
+            const float* stats =
+                p.row_stats + (static_cast<uint64_t>(target[u].id) * geo.heads + stats_head) * row_stats_width(kDot);
             copy_ahead<sizeof(float2)>(ring.extra(stage, u), stats);
           }
         },
@@ -2875,7 +2875,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
 
   at::Tensor grad_dst = at::empty({num_dst, f.heads * per_head}, msg_src.options());
   // (lse, delta[, 1 / |x_dst|, 0]) per (target, head): the source pass's row_stats (store_row_stats)
-  at::Tensor row_stats = at::empty({num_dst, f.heads, kind == kCosine ? 4 : 2}, float_options);
+  at::Tensor row_stats = at::empty({num_dst, f.heads, row_stats_width(kind)}, float_options);
   at::Tensor part_delta = at::empty({tiles, f.heads}, float_options);
   at::Tensor part_weighted = at::empty({tiles, f.heads * per_head}, float_options);
   at::Tensor part_plain = at::empty({tiles, f.heads * per_head}, float_options);
@@ -3008,7 +3008,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   check_tensor(op, "grad_out", grad_out, f.dtype, {num_dst, f.heads, f.channels});
   // (lse, delta[, 1 / |x_dst|, 0]) side by side, as attention_row_dots (given lse) or attention_backward_target
   // writes them: the pass gathers them for every edge
-  check_tensor(op, "row_stats", row_stats, at::kFloat, {num_dst, f.heads, kind == kCosine ? 4 : 2});
+  check_tensor(op, "row_stats", row_stats, at::kFloat, {num_dst, f.heads, row_stats_width(kind)});
   GNNIO_ENSURE(!write_edge_grads || kind == kGat || kind == kDot, op,
               ": edge gradients are written for kinds 0 (GAT) and 2 (dot) only, got kind ", kind);
   const c10::cuda::CUDAGuard guard(msg_src.device());
@@ -3042,7 +3042,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     p.grad_out = grad_out.data_ptr<scalar_t>();
     p.hinted = hinted_ids(op, hinted_indices, indices);
     p.row_stats = row_stats.data_ptr<float>();
-    p.stats_width = static_cast<int>(row_stats.size(2));
     p.grad_vec = grad_msg.data_ptr<scalar_t>();
     p.grad_vec2 = has_key ? grad_key.data_ptr<scalar_t>() : nullptr;
     p.grad_scalar = kind == kGat ? grad_scalar.data_ptr<scalar_t>() : nullptr;

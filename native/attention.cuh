@@ -23,6 +23,10 @@ namespace attention {
 // row norms: one gathered row per edge serves as key and value.
 enum Kind : int { kGat = 0, kGatV2 = 1, kDot = 2, kCosine = 3 };
 
+// Floats per (target, head) in the backward's statistics rows (row_stats):
+// (lse, delta), and for Cosine also 1 / max(|x_dst|, floor) and a pad to 16 bytes.
+constexpr int row_stats_width(int kind) { return kind == kCosine ? 4 : 2; }
+
 // F.normalize's floor on the row norm (eps = 1e-12): rows shorter than this
 // are divided by it, and their norm gets no gradient (clamp_min's backward
 // passes where norm >= floor). A NaN norm stays NaN, as in clamp_min.
