@@ -404,17 +404,25 @@ constexpr int source_edges_per_step() {
 // floor), both from attention_row_norms. The edge passes take the inverse
 // as it is: a division on each edge's chain cost AGNN's source pass 19% in
 // bf16 (H100, rmat20, run 169). Lanes past the heads read 0.
+// entry `column` (0: |x|, 1: the inverse) of this lane's head of row `node`
+template <int VEC>
+__device__ __forceinline__ float norm_entry(const float* norms, int64_t node, const LaneGeometry& geo,
+                                            const Lane<VEC>& lane, int column) {
+  return lane.head_ok
+             ? norms[(static_cast<uint64_t>(static_cast<uint32_t>(node)) * geo.heads + lane.head) * 2 + column]
+             : 0.f;
+}
+
 template <int VEC>
 __device__ __forceinline__ float row_norm_of(const float* norms, int64_t node, const LaneGeometry& geo,
                                              const Lane<VEC>& lane) {
-  return lane.head_ok ? norms[(static_cast<uint64_t>(static_cast<uint32_t>(node)) * geo.heads + lane.head) * 2] : 0.f;
+  return norm_entry<VEC>(norms, node, geo, lane, 0);
 }
 
 template <int VEC>
 __device__ __forceinline__ float inverse_norm_of(const float* norms, int64_t node, const LaneGeometry& geo,
                                                  const Lane<VEC>& lane) {
-  return lane.head_ok ? norms[(static_cast<uint64_t>(static_cast<uint32_t>(node)) * geo.heads + lane.head) * 2 + 1]
-                      : 0.f;
+  return norm_entry<VEC>(norms, node, geo, lane, 1);
 }
 
 // Cosine's per-edge terms over one step's gathered source rows x_src
@@ -2841,12 +2849,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
 void sum_tiles(const RowSchedule& s, int64_t width, const at::Tensor& partial, const at::Tensor& out,
                const at::Tensor* partial2 = nullptr, const at::Tensor* out2 = nullptr) {
   at::Tensor rows = out.view({out.size(0), width});
-  if (partial2 == nullptr) {
-    merge_partial_sums(s, partial, rows);
-    return;
-  }
-  at::Tensor rows2 = out2->view({out2->size(0), width});
-  merge_partial_sums(s, partial, rows, partial2, &rows2);
+  at::Tensor rows2 = out2 != nullptr ? out2->view({out2->size(0), width}) : at::Tensor();
+  merge_partial_sums(s, partial, rows, partial2, out2 != nullptr ? &rows2 : nullptr);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
@@ -3056,11 +3060,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     } else {
       GNNIO_ATTENTION_SWITCH(kind, vec, [&] { launch_resident(backward_source_kernel<KIND, VEC, scalar_t>, p, stream); });
     }
-    if (has_key) {
-      sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg, &part_vec2, &grad_key);
-    } else {
-      sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg);
-    }
+    sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg, has_key ? &part_vec2 : nullptr,
+              has_key ? &grad_key : nullptr);
     if (kind == kGat) sum_tiles(schedule, f.heads, part_scalar, grad_scalar);
     if (kind == kCosine && schedule.num_heavy > 0) {
       // the heavy rows' d x_src = V + F.normalize's backward of B (+ A), V already in grad_msg
