@@ -184,6 +184,17 @@ __device__ __forceinline__ T* row_start(T* base, int64_t index, const LaneGeomet
                               static_cast<uint64_t>(static_cast<uint32_t>(index)) * row_bytes);
 }
 
+// a * b as one 32 x 32 -> 64-bit multiply (mul.wide.u32). Written in PTX
+// because the compiler turns the C++ form, uint64_t(a) * b, into a 64-bit
+// multiply here, which ptxas expands with adds of zero upper words; callers
+// add the product to their base in C++, so the load stays a global one (LDG),
+// not a generic one.
+__device__ __forceinline__ uint64_t wide_product(uint32_t a, uint32_t b) {
+  uint64_t product;
+  asm("mul.wide.u32 %0, %1, %2;" : "=l"(product) : "r"(a), "r"(b));
+  return product;
+}
+
 // fp32 values of one row's chunks in this lane.
 template <int VEC>
 using Chunks = float[Layout<VEC>::kChunks][VEC];
@@ -210,6 +221,20 @@ __device__ __forceinline__ void gather_row(const T* __restrict__ base, int64_t n
 #pragma unroll
   for (int k = 0; k < Layout<VEC>::kChunks; ++k)
     x.chunk[k] = ONCE ? load_vec_once<T, VEC>(row + lane.offset[k]) : load_vec<T, VEC>(row + lane.offset[k]);
+}
+
+// gather_row for the one-chunk layouts from this lane's own base,
+// lane_base = the tensor's start + lane.offset[0] elements (in bytes), so
+// each gathered row costs one wide multiply-add and no per-row add of the
+// lane's offset. GAT's plain 16-bit forward: its step loop went from 227 to
+// 188 instructions (sm_90a). Only there: elsewhere the base's two extra
+// registers made builds spill.
+template <int VEC, typename T>
+__device__ __forceinline__ void gather_row_from_lane_base(const char* lane_base, int64_t node, uint32_t row_bytes,
+                                                          Gathered<VEC, T>& x) {
+  static_assert(Layout<VEC>::kChunks == 1, "one chunk per lane");
+  x.chunk[0] = load_vec<T, VEC>(
+      reinterpret_cast<const T*>(lane_base + wide_product(static_cast<uint32_t>(node), row_bytes)));
 }
 
 // A gathered row as fp32. Chunks past the head's channels read the row's
@@ -276,6 +301,16 @@ template <typename T>
 __device__ __forceinline__ float load_scalar(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
                                              int head, bool valid) {
   return valid ? static_cast<float>(base[static_cast<uint64_t>(static_cast<uint32_t>(node)) * geo.heads + head]) : 0.f;
+}
+
+// load_scalar with the row's offset from wide_product (GAT's plain 16-bit
+// forward, alpha_src per edge; elsewhere it made the step longer).
+template <typename T>
+__device__ __forceinline__ float load_scalar_wide(const T* __restrict__ base, int64_t node, const LaneGeometry& geo,
+                                                  int head, bool valid) {
+  const char* at = reinterpret_cast<const char*>(base + head) +
+                   wide_product(static_cast<uint32_t>(node), static_cast<uint32_t>(geo.heads * sizeof(T)));
+  return valid ? static_cast<float>(*reinterpret_cast<const T*>(at)) : 0.f;
 }
 
 template <int VEC>
@@ -624,7 +659,11 @@ __device__ __forceinline__ void step_partials(const Params<scalar_t>& p, const i
     }
   } else {
 #pragma unroll
-    for (int u = 0; u < U; ++u) z[u] = load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok) + alpha_dst;
+    for (int u = 0; u < U; ++u) {
+      // NO_EDGES with GAT: the plain forward build alone (see load_scalar_wide)
+      z[u] = (NO_EDGES ? load_scalar_wide(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok)
+                       : load_scalar(p.src_scalar, neighbour[u], geo, lane.head, lane.head_ok)) + alpha_dst;
+    }
     if (edges) {
 #pragma unroll
       for (int u = 0; u < U; ++u) z[u] += load_scalar(p.edge, edge_id(u), geo, lane.head, lane.head_ok);
@@ -932,6 +971,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
   const bool row_lane = lane.group == 0;
   const bool writer = edge_writer && row_lane;
   const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
+  // the plain build gathers x_src from this lane's base (gather_row_from_lane_base)
+  const char* const msg_lane_base = reinterpret_cast<const char*>(p.msg_src + lane.offset[0]);
+  const uint32_t row_bytes = static_cast<uint32_t>(geo.heads * geo.channels * sizeof(scalar_t));
 
   Chunks<VEC> att;  // GATv2's attention vector
   uint32_t att_words[4];
@@ -964,7 +1006,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, forward_blocks_per_sm<K
       // their latencies overlap; edge features (rare) come in a second round.
       Gathered<VEC, scalar_t> gathered[U];  // x_src, or Dot's value
 #pragma unroll
-      for (int u = 0; u < U; ++u) gather_row<VEC>(p.msg_src, neighbour[u], geo, lane, gathered[u]);
+      for (int u = 0; u < U; ++u) {
+        if constexpr (PLAIN) gather_row_from_lane_base<VEC>(msg_lane_base, neighbour[u], row_bytes, gathered[u]);
+        else gather_row<VEC>(p.msg_src, neighbour[u], geo, lane, gathered[u]);
+      }
       float partial[U], inverse_norm[U];  // Cosine: 1 / max(|x_src|, floor)
       float score[U], drop[U];
       if constexpr (kPacked && KIND == kGatV2) {
