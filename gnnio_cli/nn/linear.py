@@ -104,15 +104,21 @@ def affine(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 def plain_projection(x: Tensor, *linears: "Linear") -> bool:
     """Whether to project x by calling the linears themselves: under autocast (which casts inside
     their F.linear) or while a weight is still lazy (the call gives it its shape)."""
-    return torch.is_autocast_enabled(x.device.type) or any(is_lazy(linear.weight) for linear in linears)
+    return _plain_projection(x, [linear.weight for linear in linears])
+
+
+def _plain_projection(x: Tensor, weights: list) -> bool:
+    return torch.is_autocast_enabled(x.device.type) or any(is_lazy(weight) for weight in weights)
 
 
 def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
     """(linear(x) for each of `linears`) with one input gradient (see _SharedInputAffine); plain calls
     where plain_projection says so."""
-    if plain_projection(x, *linears):
+    # each parameter read once: a module's attribute lookup costs the host time before the first launch
+    weights_and_biases = [t for linear in linears for t in (linear.weight, linear.bias)]
+    if _plain_projection(x, weights_and_biases[0::2]):
         return tuple(linear(x) for linear in linears)
-    return _SharedInputAffine.apply(x, *[t for linear in linears for t in (linear.weight, linear.bias)])
+    return _SharedInputAffine.apply(x, *weights_and_biases)
 
 
 def add_bias(x: Tensor, bias: Tensor) -> Tensor:

@@ -299,21 +299,23 @@ def row_order(graph: Graph, side: str, schedule: RowSchedule) -> RowOrder:
 
 # ----------------------------------------------------------------- autograd
 @dataclass(frozen=True)
-class _Call:
-    """The non-tensor arguments of one fused attention call."""
+class _Plan:
+    """What every fused call of one kind, with one set of options, passes on one graph; built once per
+    graph and options (_make_call caches it on the graph), so a call spends no host time on it before
+    its first launch. It holds the graph's tensors but not the graph (that would be a reference cycle).
+    """
 
     kind: int
-    graph: Graph
     csr: RowSchedule
     csc: RowSchedule
-    csr_order: RowOrder
-    csc_order: RowOrder
+    # the graph arguments of the passes along the CSR and the CSC (see attention.cu's schemas):
+    # (indptr, indices, eid, *schedule.args(), *order.args())
+    csr_args: tuple
+    csc_args: tuple
     negative_slope: float
     scale: float
-    dropout: float
-    seed: int
-    offset: int
     return_scores: int  # 0 none, 1 raw scores, 2 raw scores with -inf where dropped
+    schedule_name: str  # what `gnnio run` shows
     slot_rows: Optional[torch.Tensor] = None  # set: the edge-balanced forward (its score phase's row map)
     # GAT: return the gradients of x_src, alpha_src and alpha_dst as views of one [N, H*C + 2H]
     # tensor (see _FusedAttention.backward); needs as many sources as targets
@@ -324,34 +326,52 @@ class _Call:
     hinted_csc: Optional[torch.Tensor] = None
     hinted_target: Optional[torch.Tensor] = None
 
+
+@dataclass(frozen=True)
+class _Call:
+    """The non-tensor arguments of one fused attention call: its graph's cached plan, and the dropout."""
+
+    plan: _Plan
+    graph: Graph
+    dropout: float
+    seed: int
+    offset: int
+
+    @property
+    def kind(self) -> int:
+        return self.plan.kind
+
+    @property
+    def return_scores(self) -> int:
+        return self.plan.return_scores
+
     @property
     def schedule_name(self) -> str:
-        return f"{EDGE_BALANCED} scores + fused {self.csr.name}" if self.slot_rows is not None else f"fused {self.csr.name}"
+        return self.plan.schedule_name
 
     def forward(self, tensors: tuple, bias: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> tuple:
         """(out, lse, scores) of the forward op this call's schedule names; out + bias [H, C] + residual
         [Nd, H, C] where given."""
-        if self.slot_rows is None:
+        plan = self.plan
+        if plan.slot_rows is None:
             return torch.ops.gnnio.attention_forward(
-                self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, bias, self.hinted_csr,
+                plan.kind, *plan.csr_args, *tensors, *self.score_args(), plan.return_scores, bias, plan.hinted_csr,
                 residual,
             )
         return torch.ops.gnnio.attention_forward_edge_balanced(
-            self.kind, *self.csr_args(), *tensors, *self.score_args(), self.return_scores, self.slot_rows, bias,
+            plan.kind, *plan.csr_args, *tensors, *self.score_args(), plan.return_scores, plan.slot_rows, bias,
             residual,
         )
 
     def csr_args(self) -> tuple:
-        g = self.graph
-        return (g.csr_indptr, g.csr_indices, g.csr_eid, *self.csr.args(), *self.csr_order.args())
+        return self.plan.csr_args
 
     def csc_args(self) -> tuple:
-        g = self.graph
-        return (g.csc_indptr, g.csc_indices, g.csc_eid, *self.csc.args(), *self.csc_order.args())
+        return self.plan.csc_args
 
     def score_args(self) -> tuple:
-        return self.negative_slope, self.scale, self.dropout, self.seed, self.offset
+        return self.plan.negative_slope, self.plan.scale, self.dropout, self.seed, self.offset
 
 
 def _source_first(kind: int, dtype: torch.dtype) -> bool:
@@ -412,18 +432,18 @@ class _FusedAttention(torch.autograd.Function):
                 grad_out, out, bias, lse, bias_in_row_dots, residual
             )
             packed = None
-            if call.pack_gradients:
+            if call.plan.pack_gradients:
                 # rows of (d x_src, d alpha_src, d alpha_dst), which the kernels write in place: a layer that
                 # projected all three from one x takes x's gradient in one GEMM over them (GATConv)
                 rows, heads, channels = tensors[0].shape
                 packed = grad_out.new_empty(rows, heads * channels + 2 * heads)
             grad_msg, grad_key, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.attention_backward_source(
                 call.kind, *call.csc_args(), *tensors, grad_out, row_stats, *call.score_args(), True, packed,
-                call.hinted_csc,
+                call.plan.hinted_csc,
             )
             grad_dst = torch.ops.gnnio.attention_backward_target_from_edges(
                 call.kind, *call.csr_args(), *tensors, edge_grads, edge_grad_slots(call.graph), packed,
-                call.hinted_target,
+                call.plan.hinted_target,
             )
             grad_att = None
         else:
@@ -433,7 +453,7 @@ class _FusedAttention(torch.autograd.Function):
             )
             grad_msg, grad_key, grad_src_scalar, grad_edge, _ = torch.ops.gnnio.attention_backward_source(
                 call.kind, *call.csc_args(), *tensors, grad_out, row_stats, *call.score_args(), False, None,
-                call.hinted_csc,
+                call.plan.hinted_csc,
             )
         has_edge = tensors[6] is not None
         if call.kind == GAT:
@@ -466,25 +486,39 @@ def _make_call(
     pack_gradients: bool = False,
     row_bytes: int = 0,
 ) -> _Call:
-    """The schedules, dropout seed and flags of one fused call (dropout 0 outside training; pack_gradients
-    only for GAT with as many sources as targets; DOT's hinted indices for rows of `row_bytes`)."""
+    """The plan (cached on the graph), dropout and seed of one fused call (dropout 0 outside training;
+    pack_gradients only for GAT with as many sources as targets; DOT's hinted indices for rows of `row_bytes`)."""
     forced = getattr(_forced, "schedule", None)
-    tile_edges = forced if isinstance(forced, int) else None
-    edge_balanced = forced == EDGE_BALANCED
-    csr, csc = row_schedule(graph, "csr", tile_edges), row_schedule(graph, "csc")
+    return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
+    pack_gradients = pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes
+    # DOT's hints depend on the environment's share of L2 (read on every call, so a change takes effect)
+    hot_share = hot_l2_share() if kind == DOT else None
+    key = ("attention_plan", kind, forced, float(negative_slope), float(scale), return_scores, pack_gradients,
+           row_bytes if kind == DOT else 0, hot_share)
+    plan = graph.cached(key, lambda: _build_plan(kind, graph, forced, float(negative_slope), float(scale),
+                                                 return_scores, pack_gradients, row_bytes))
     dropout = float(dropout) if training else 0.0
     seed = offset = 0
     if dropout > 0.0:
         with torch.cuda.device(device):
             seed, offset = torch.ops.gnnio.attention_dropout_seed((heads + 3) // 4)
-    return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
+    return _Call(plan, graph, dropout, seed, offset)
+
+
+def _build_plan(kind: int, graph: Graph, forced: Schedule, negative_slope: float, scale: float, return_scores: int,
+                pack_gradients: bool, row_bytes: int) -> _Plan:
+    """_make_call's plan under the forced schedule (forced_schedule) or the graph's choice."""
+    csr, csc = row_schedule(graph, "csr", forced if isinstance(forced, int) else None), row_schedule(graph, "csc")
     csr_order, csc_order = row_order(graph, "csr", csr), row_order(graph, "csc", csc)
-    pack_gradients = pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes
+    slot_map = slot_rows(graph) if forced == EDGE_BALANCED else None
+    name = f"{EDGE_BALANCED} scores + fused {csr.name}" if slot_map is not None else f"fused {csr.name}"
     # DOT's passes gather two rows per edge (forward: key and value; source pass: grad_out and query), its
     # target pass one (key)
     dot = kind == DOT
-    return _Call(kind, graph, csr, csc, csr_order, csc_order, float(negative_slope), float(scale), dropout, seed,
-                 offset, return_scores, slot_rows(graph) if edge_balanced else None, pack_gradients,
+    return _Plan(kind, csr, csc,
+                 (graph.csr_indptr, graph.csr_indices, graph.csr_eid, *csr.args(), *csr_order.args()),
+                 (graph.csc_indptr, graph.csc_indices, graph.csc_eid, *csc.args(), *csc_order.args()),
+                 negative_slope, scale, return_scores, name, slot_map, pack_gradients,
                  hinted_indices(graph, "csr", 2 * row_bytes) if dot else None,
                  hinted_indices(graph, "csc", 2 * row_bytes) if dot else None,
                  hinted_indices(graph, "csr", row_bytes) if dot else None)

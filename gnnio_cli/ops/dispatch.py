@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from gnnio_cli import native
 from gnnio_cli.errors import GnnioError
 
 BACKENDS = ("auto", "native", "reference")
@@ -54,14 +55,10 @@ def pick(op_name: str, *tensors: torch.Tensor) -> str:
     if wanted == "native":
         if not on_cuda:
             raise GnnioError(f"{op_name}: the native backend needs CUDA tensors; use --device cuda or --backend reference")
-        from gnnio_cli import native
-
         native.load()  # raises NativeUnavailable with the reason
         return "native"
     if not on_cuda:
         return "reference"
-    from gnnio_cli import native
-
     return "native" if native.is_available() else "reference"
 
 

@@ -40,12 +40,14 @@ def check_tensor(
     """
     if not isinstance(tensor, torch.Tensor):
         raise GnnioError(f"{op}: {name} must be a tensor {dims}, got {type(tensor).__name__}")
-    shape = tuple(tensor.shape)
-    if tensor.dim() != len(sizes):
-        raise GnnioError(f"{op}: {name} has {len(sizes)} dims {dims}, got shape {shape}")
-    expected = tuple(actual if wanted is None else wanted for wanted, actual in zip(sizes, shape))
-    if expected != shape:
-        raise GnnioError(f"{op}: {name} must have shape {dims} = {expected}, got shape {shape}")
+    shape = tensor.shape
+    if len(shape) != len(sizes):
+        raise GnnioError(f"{op}: {name} has {len(sizes)} dims {dims}, got shape {tuple(shape)}")
+    # a plain loop: every op checks its inputs on every call, before its first launch
+    for wanted, actual in zip(sizes, shape):
+        if wanted is not None and wanted != actual:
+            expected = tuple(actual if wanted is None else wanted for wanted, actual in zip(sizes, shape))
+            raise GnnioError(f"{op}: {name} must have shape {dims} = {expected}, got shape {tuple(shape)}")
     if floating and tensor.dtype not in FLOAT_DTYPES:
         raise GnnioError(f"{op}: {name} must be float32, float64, float16 or bfloat16, got {tensor.dtype}")
     if tensor.device != graph.device:
@@ -65,10 +67,9 @@ def check_node_features(op: str, name: str, tensor, graph: Graph, num_nodes: int
 
 def check_same_dtype(op: str, **tensors: Optional[torch.Tensor]) -> None:
     """All given (non-None) tensors share one dtype."""
-    present = {name: t for name, t in tensors.items() if t is not None}
-    dtypes = {t.dtype for t in present.values()}
+    dtypes = {t.dtype for t in tensors.values() if t is not None}
     if len(dtypes) > 1:
-        listed = ", ".join(f"{name} {t.dtype}" for name, t in present.items())
+        listed = ", ".join(f"{name} {t.dtype}" for name, t in tensors.items() if t is not None)
         raise GnnioError(f"{op}: inputs must share one dtype, got {listed}")
 
 
