@@ -301,13 +301,11 @@ def row_order(graph: Graph, side: str, schedule: RowSchedule) -> RowOrder:
 @dataclass(frozen=True)
 class _Plan:
     """What every fused call of one kind, with one set of options, passes on one graph; built once per
-    graph and options (_make_call caches it on the graph), so a call spends no host time on it before
-    its first launch. It holds the graph's tensors but not the graph (that would be a reference cycle).
+    graph and options (_make_call caches it on the graph), so a call does not build it again before its
+    first launch. It holds the graph's tensors but not the graph (that would be a reference cycle).
     """
 
     kind: int
-    csr: RowSchedule
-    csc: RowSchedule
     # the graph arguments of the passes along the CSR and the CSC (see attention.cu's schemas):
     # (indptr, indices, eid, *schedule.args(), *order.args())
     csr_args: tuple
@@ -515,7 +513,7 @@ def _build_plan(kind: int, graph: Graph, forced: Schedule, negative_slope: float
     # DOT's passes gather two rows per edge (forward: key and value; source pass: grad_out and query), its
     # target pass one (key)
     dot = kind == DOT
-    return _Plan(kind, csr, csc,
+    return _Plan(kind,
                  (graph.csr_indptr, graph.csr_indices, graph.csr_eid, *csr.args(), *csr_order.args()),
                  (graph.csc_indptr, graph.csc_indices, graph.csc_eid, *csc.args(), *csc_order.args()),
                  negative_slope, scale, return_scores, name, slot_map, pack_gradients,
