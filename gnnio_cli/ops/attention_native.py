@@ -487,14 +487,15 @@ def _make_call(
     """The plan (cached on the graph), dropout and seed of one fused call (dropout 0 outside training;
     pack_gradients only for GAT with as many sources as targets; DOT's hinted indices for rows of `row_bytes`)."""
     forced = getattr(_forced, "schedule", None)
+    negative_slope, scale = float(negative_slope), float(scale)
     return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
     pack_gradients = pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes
     # DOT's hints depend on the environment's share of L2 (read on every call, so a change takes effect)
     hot_share = hot_l2_share() if kind == DOT else None
-    key = ("attention_plan", kind, forced, float(negative_slope), float(scale), return_scores, pack_gradients,
+    key = ("attention_plan", kind, forced, negative_slope, scale, return_scores, pack_gradients,
            row_bytes if kind == DOT else 0, hot_share)
-    plan = graph.cached(key, lambda: _build_plan(kind, graph, forced, float(negative_slope), float(scale),
-                                                 return_scores, pack_gradients, row_bytes))
+    plan = graph.cached(key, lambda: _build_plan(kind, graph, forced, negative_slope, scale, return_scores,
+                                                 pack_gradients, row_bytes))
     dropout = float(dropout) if training else 0.0
     seed = offset = 0
     if dropout > 0.0:
