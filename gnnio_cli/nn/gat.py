@@ -11,8 +11,24 @@ from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, EdgesInput, FillValue, with_self_loops
-from gnnio_cli.nn.base import ConvBase, NodeFeatures, Size, returned_edges, split_pair
-from gnnio_cli.nn.linear import Linear, add_bias, glorot_, plain_projection, project_shared, zeros_
+from gnnio_cli.nn.base import (
+    ConvBase,
+    NodeFeatures,
+    Size,
+    registered_children,
+    registered_parameters,
+    returned_edges,
+    split_pair,
+)
+from gnnio_cli.nn.linear import (
+    Linear,
+    add_bias,
+    glorot_,
+    plain_projection,
+    plain_projection_by,
+    project_shared,
+    zeros_,
+)
 from gnnio_cli.ops import attention, dense
 
 AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
@@ -144,11 +160,12 @@ def _packed_rows(grad_h: Tensor, grad_scores: tuple[Tensor, ...]) -> Optional[Te
 def project_with_scores(x: Tensor, linear: Linear, heads: int, *vectors: Tensor) -> tuple[Tensor, ...]:
     """h = linear(x) as [N, H, C] and GAT's score terms (h * v).sum(-1) for each attention vector v
     (_ProjectWithScores; under autocast or with a lazy weight, as PyG: linear(x), then the dots of h)."""
-    if plain_projection(x, linear):
+    (weight,) = registered_parameters(linear, "weight")
+    if plain_projection_by(x, [weight]):
         h = linear(x)
         h = h.view(*h.shape[:-1], heads, h.shape[-1] // heads)
         return (h, *head_dots(h, *vectors))
-    h, *scores = _ProjectWithScores.apply(x, linear.weight, *vectors)
+    h, *scores = _ProjectWithScores.apply(x, weight, *vectors)
     return (h.view(-1, heads, linear.out_channels // heads), *scores)
 
 
@@ -317,19 +334,20 @@ class GATConv(_AttentionConv):
         x_src, x_dst = split_pair(x)
         if x_src.dim() != 2:
             raise GnnioError(f"GATConv: node features must be [N, F], got shape {tuple(x_src.shape)}")
-        residual = self.res(x_dst) if self.res is not None and x_dst is not None else None
-        project_src = self.lin if self.lin is not None else self.lin_src
-        project_dst = self.lin if self.lin is not None else self.lin_dst
+        res, lin = self.res, self.lin
+        residual = res(x_dst) if res is not None and x_dst is not None else None
+        att_src, att_dst = registered_parameters(self, "att_src", "att_dst")
+        # one x projected to h and both score terms: their gradients can come back packed (gat_attention).
+        # The projection comes first: until its launch the GPU waits for the host.
+        shared = isinstance(x, Tensor) and lin is not None
+        if shared:
+            h_src, alpha_src, alpha_dst = project_with_scores(x_src, lin, heads, att_src, att_dst)
         adjacency = self.adjacency(edge_index, x_src, x_dst, size)
         graph = adjacency.graph
-        # one x projected to h and both score terms: their gradients can come back packed (gat_attention)
-        shared = isinstance(x, Tensor) and self.lin is not None
-        if shared:
-            h_src, alpha_src, alpha_dst = project_with_scores(x_src, self.lin, heads, self.att_src, self.att_dst)
-        else:
-            h_src, alpha_src = project_with_scores(x_src, project_src, heads, self.att_src)
+        if not shared:
+            h_src, alpha_src = project_with_scores(x_src, lin if lin is not None else self.lin_src, heads, att_src)
             if x_dst is not None:  # the targets' projection serves only their score term
-                alpha_dst = score_terms(x_dst, project_dst, heads, self.att_dst)
+                alpha_dst = score_terms(x_dst, lin if lin is not None else self.lin_dst, heads, att_dst)
             else:
                 alpha_dst = alpha_src.new_zeros(graph.num_dst_nodes, heads)
         # PyG's loop count: min(size) if given, else the smaller side; never beyond the graph's sides.
@@ -431,14 +449,16 @@ class GATv2Conv(_AttentionConv):
         x_src, x_dst = split_pair(x)
         if x_src.dim() != 2 or x_dst is None:
             raise GnnioError("GATv2Conv: needs node features [N, F] or a pair of them (x_dst may not be None)")
-        residual = self.res(x_dst) if self.res is not None else None
+        res = self.res
+        residual = res(x_dst) if res is not None else None
+        lin_l, lin_r = registered_children(self, "lin_l", "lin_r")
         if isinstance(x, Tensor) and self.share_weights:
-            h_src = h_dst = self.lin_l(x_src).view(-1, heads, channels)
+            h_src = h_dst = lin_l(x_src).view(-1, heads, channels)
         elif x_src is x_dst:
-            h_src, h_dst = (h.view(-1, heads, channels) for h in project_shared(x_src, self.lin_l, self.lin_r))
+            h_src, h_dst = (h.view(-1, heads, channels) for h in project_shared(x_src, lin_l, lin_r))
         else:
-            h_src = self.lin_l(x_src).view(-1, heads, channels)
-            h_dst = self.lin_r(x_dst).view(-1, heads, channels)
+            h_src = lin_l(x_src).view(-1, heads, channels)
+            h_dst = lin_r(x_dst).view(-1, heads, channels)
         if edge_attr is not None and self.lin_edge is None:
             raise GnnioError("GATv2Conv: edge_attr was given but the layer has no edge_dim; construct it with edge_dim")
         adjacency = self.adjacency(edge_index, x_src, x_dst)

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.nn.parameter import Parameter, UninitializedParameter, is_lazy
 
 from gnnio_cli.errors import GnnioError
+from gnnio_cli.nn.base import registered_parameters
 from gnnio_cli.ops import dense
 from gnnio_cli.ops.dense import bias_gradient
 
@@ -104,19 +105,21 @@ def affine(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 def plain_projection(x: Tensor, *linears: "Linear") -> bool:
     """Whether to project x by calling the linears themselves: under autocast (which casts inside
     their F.linear) or while a weight is still lazy (the call gives it its shape)."""
-    return _plain_projection(x, [linear.weight for linear in linears])
+    return plain_projection_by(x, [linear.weight for linear in linears])
 
 
-def _plain_projection(x: Tensor, weights: list) -> bool:
+def plain_projection_by(x: Tensor, weights: list) -> bool:
+    """plain_projection for linears of these weights."""
     return torch.is_autocast_enabled(x.device.type) or any(is_lazy(weight) for weight in weights)
 
 
 def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
     """(linear(x) for each of `linears`) with one input gradient (see _SharedInputAffine); plain calls
     where plain_projection says so."""
-    # each parameter read once: a module's attribute lookup costs the host time before the first launch
-    weights_and_biases = [t for linear in linears for t in (linear.weight, linear.bias)]
-    if _plain_projection(x, weights_and_biases[0::2]):
+    weights_and_biases = []
+    for linear in linears:
+        weights_and_biases += registered_parameters(linear, "weight", "bias")
+    if plain_projection_by(x, weights_and_biases[0::2]):
         return tuple(linear(x) for linear in linears)
     return _SharedInputAffine.apply(x, *weights_and_biases)
 

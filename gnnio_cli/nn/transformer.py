@@ -10,7 +10,7 @@ from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import EdgesInput, with_self_loops
-from gnnio_cli.nn.base import ConvBase, NodeFeatures, returned_edges, split_pair
+from gnnio_cli.nn.base import ConvBase, NodeFeatures, registered_children, returned_edges, split_pair
 from gnnio_cli.nn.linear import Linear, project_shared
 from gnnio_cli.ops import attention
 
@@ -95,8 +95,8 @@ class TransformerConv(ConvBase):
             raise GnnioError("TransformerConv: needs target features (x_dst may not be None)")
         skip = None
         if x_src is x_dst:
-            linears = (self.lin_query, self.lin_key, self.lin_value) + ((self.lin_skip,) if self.root_weight else ())
-            query, key, value, *rest = project_shared(x_src, *linears)
+            names = ("lin_query", "lin_key", "lin_value") + (("lin_skip",) if self.root_weight else ())
+            query, key, value, *rest = project_shared(x_src, *registered_children(self, *names))
             skip = rest[0] if rest else None
         else:
             query, key, value = self.lin_query(x_dst), self.lin_key(x_src), self.lin_value(x_src)

@@ -73,10 +73,6 @@ def matmul_choice() -> str:
     return choice
 
 
-def _fits_split_tf32(tensor: Tensor) -> bool:
-    return tensor.dtype == torch.float32 and tensor.shape[-1] % WIDTH_MULTIPLE == 0
-
-
 def tile_fill(m: int, n: int, k: int) -> float:
     """The share of the kernel's multiply work (whole 128 x 128 x 32 tiles) that an [m, k] @ [k, n] product uses."""
     padded = -(-m // TILE_MN) * TILE_MN * -(-n // TILE_MN) * TILE_MN * -(-k // TILE_K) * TILE_K
@@ -90,17 +86,24 @@ def projection_product(x: Tensor, widths: Sequence[int]) -> tuple[int, int, int]
 
 def uses_split_tf32(x: Tensor, widths: Sequence[int], *others: Tensor, product: tuple[int, int, int]) -> bool:
     """Whether a product with operand x [*, F] over projections of `widths` (other operands: `others`),
-    of shape (m, n, k) = `product` ([m, k] @ [k, n]), takes the split-TF32 kernel."""
+    of shape (m, n, k) = `product` ([m, k] @ [k, n]), takes the split-TF32 kernel.
+
+    The kernel needs F, the widths and n to be multiples of 4; the other operands' shapes follow from
+    those (or the op refuses them), so only their dtypes are read here. This runs before a training
+    step's first launch, where the GPU waits for every microsecond of the host's.
+    """
     choice = matmul_choice()
     if not x.is_cuda or choice == "cublas" or not 0 < len(widths) <= MAX_PROJECTIONS:
         return False
     if choice == "auto" and tile_fill(*product) < MIN_TILE_FILL:
         return False
-    if any(width % WIDTH_MULTIPLE for width in widths) or not all(_fits_split_tf32(t) for t in (x, *others)):
+    if x.dtype is not torch.float32 or x.shape[-1] % WIDTH_MULTIPLE or product[1] % WIDTH_MULTIPLE:
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others)):
+    if any(width % WIDTH_MULTIPLE for width in widths) or any(t.dtype is not torch.float32 for t in others):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in others)):
         return False  # a double backward's products: the native one has no derivative of its own
-    if dispatch.pick("projection", x, *others) != "native":
+    if dispatch.pick("projection", x) != "native":  # the others on another device: the op says so
         return False
     return dispatch.cuda_properties(x.device).major >= 8
 
@@ -113,7 +116,7 @@ def parameter_gradients_use_split_tf32(grads: Sequence[Tensor], rows: Tensor) ->
 
 def _aligned_rows(tensor: Tensor) -> Tensor:
     """`tensor` as contiguous [rows, width] starting on a 16-byte boundary (a copy only where needed)."""
-    rows = tensor.reshape(-1, tensor.shape[-1]).contiguous()
+    rows = (tensor if tensor.dim() == 2 else tensor.reshape(-1, tensor.shape[-1])).contiguous()
     return rows if rows.data_ptr() % 16 == 0 else rows.clone()
 
 
@@ -148,6 +151,8 @@ def project(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Optional[Tens
     outputs = torch.ops.gnnio.project_split_tf32(
         _aligned_rows(x), [w.contiguous() for w in weights], [b if b is None else b.contiguous() for b in biases]
     )
+    if x.dim() == 2:
+        return tuple(outputs)
     return tuple(out.view(*x.shape[:-1], out.shape[-1]) for out in outputs)
 
 
