@@ -310,6 +310,24 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Row sums (bias gradients) over K = 1M rows at fp32 accuracy: a k-tile's
+// values summed pairwise (a thread's 8 of each row in the warpgroup
+// multiply, whose quads then add their four sums; all 32 in
+// tile_column_sum), the tiles' sums added with Kahan's compensation. (A
+// running fp32 sum's error grows with the count of terms; over a few hundred
+// it already passes 4x torch's tree-shaped sum.)
+struct CompensatedSum {
+  float sum = 0.f, compensation = 0.f;
+
+  __device__ __forceinline__ void add(float x) {
+    const float y = x - compensation;
+    const float t = sum + y;
+    compensation = (t - sum) - y;
+    sum = t;
+  }
+  __device__ __forceinline__ float value() const { return sum; }
+};
+
 // One k-tile of the warp's 64 x 32 block: for each 8-wide k step, its A and B
 // fragments split into hi and lo, then three MMAs per fragment pair (the small
 // terms first, so they are not lost against the larger ones).
@@ -371,6 +389,7 @@ struct WarpMma {
   static constexpr int kExtraSharedFloats = 0;
   static constexpr int kTilesAhead = 0;  // reads only the k-tile it multiplies
   static constexpr bool kPresplitB = false;
+  static constexpr bool kSumsFragmentRows = false;  // the kernel sums A's tile columns instead (tile_column_sum)
   int warp_m0, warp_n0;  // the warp's block of the 128 x 128 tile
 
   __device__ __forceinline__ WarpMma() {
@@ -381,7 +400,8 @@ struct WarpMma {
 
   template <bool A_K_MAJOR, bool B_K_MAJOR, typename CopyNext>
   __device__ __forceinline__ void multiply(const float* a_tile, const float* b_tile, const float*, bool, float*,
-                                           float (&acc)[kFragsM][kFragsN][4], CopyNext&& copy_next) {
+                                           bool, CompensatedSum (&)[2], float (&acc)[kFragsM][kFragsN][4],
+                                           CopyNext&& copy_next) {
     copy_next();
     multiply_tile<A_K_MAJOR, B_K_MAJOR>(a_tile, b_tile, warp_m0, warp_n0, acc);
   }
@@ -428,6 +448,10 @@ struct WarpgroupMma {
   static constexpr bool kStagedStore = PRESPLIT_B;
   static constexpr int kExtraSharedFloats = PRESPLIT_B ? kTileM * kStoreLd : 4 * kSplitFloats;
   static constexpr int kTilesAhead = PRESPLIT_B ? 0 : 1;                            // splits the next k-tile's B
+  // Row sums (A MN-major) from the A fragments each thread already reads for its split, instead of
+  // a second read of A's tile from shared memory (H100, rmat20's weight gradients [512, 1M] @ [1M, 128]:
+  // 1.615 ms with that read, 1.522 without the row sums).
+  static constexpr bool kSumsFragmentRows = true;
   static constexpr uint32_t kCoreMatrixBytes = 128, kCoreRowsBytes = 256;  // leading, stride byte offsets
   static constexpr int kStepFloats = kTileN * 8;                        // one 8-wide k step of a split half
   int warp_m0, warp_n0;
@@ -508,9 +532,13 @@ struct WarpgroupMma {
   // acc += this k-tile's product; copy_next() issues a later k-tile's copies. b_tile: this
   // k-tile's B as copied (split already with PRESPLIT_B); b_next: the next k-tile's (null after
   // the block's last k-tile); first: the block's first k-tile, whose B nobody has split yet.
+  // With sum_rows, this k-tile's values of the thread's A fragments are added to row_sums, its
+  // rows m and m + 8 of A (k = t and t + 4 of each 8-wide step: the quad's four threads hold all
+  // 32; store_row_sums adds theirs).
   template <bool A_K_MAJOR, bool B_K_MAJOR, typename CopyNext>
   __device__ __forceinline__ void multiply(const float* a_tile, const float* b_tile, const float* b_next, bool first,
-                                           float* extra, float (&acc)[kFragsM][kFragsN][4], CopyNext&& copy_next) {
+                                           float* extra, bool sum_rows, CompensatedSum (&row_sums)[2],
+                                           float (&acc)[kFragsM][kFragsN][4], CopyNext&& copy_next) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const float* hi = b_tile;
     if constexpr (!PRESPLIT_B) {
@@ -527,14 +555,17 @@ struct WarpgroupMma {
     constexpr int kSteps = kTileK / 8;
     uint32_t a_hi[kSteps][4], a_lo[kSteps][4];
     float partial[kFragsN * 4];
+    float row_m[kSteps], row_m8[kSteps];  // the fragments' values per row and step, for row_sums
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       // A fragment (m64k8, per warp as mma.sync's m16k8): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
       const int k = step * 8 + t;
-      split_tf32(tile_at<A_K_MAJOR>(a_tile, m, k), a_hi[step][0], a_lo[step][0]);
-      split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, k), a_hi[step][1], a_lo[step][1]);
-      split_tf32(tile_at<A_K_MAJOR>(a_tile, m, k + 4), a_hi[step][2], a_lo[step][2]);
-      split_tf32(tile_at<A_K_MAJOR>(a_tile, m + 8, k + 4), a_hi[step][3], a_lo[step][3]);
+      const float a[4] = {tile_at<A_K_MAJOR>(a_tile, m, k), tile_at<A_K_MAJOR>(a_tile, m + 8, k),
+                          tile_at<A_K_MAJOR>(a_tile, m, k + 4), tile_at<A_K_MAJOR>(a_tile, m + 8, k + 4)};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) split_tf32(a[r], a_hi[step][r], a_lo[step][r]);
+      row_m[step] = a[0] + a[2];
+      row_m8[step] = a[1] + a[3];
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
       const uint64_t b_hi = descriptor(hi + step * kStepFloats);
       const uint64_t b_lo = descriptor(lo + step * kStepFloats);
@@ -543,6 +574,11 @@ struct WarpgroupMma {
       wgmma(partial, a_hi[step], b_hi, 1);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    if (sum_rows) {  // uniform: the block's item asks for row sums or not
+      static_assert(kSteps == 4, "pairwise over four steps");
+      row_sums[0].add((row_m[0] + row_m[1]) + (row_m[2] + row_m[3]));
+      row_sums[1].add((row_m8[0] + row_m8[1]) + (row_m8[2] + row_m8[3]));
+    }
     copy_next();
     if constexpr (!PRESPLIT_B) {
       buffer ^= 1;
@@ -564,6 +600,22 @@ struct WarpgroupMma {
 #else
     __trap();  // launched only where the build has sm_90a code (wgmma_built)
 #endif
+  }
+
+  // The item's row sums (see multiply): each quad's four shares added in a fixed order, rows
+  // m0 + m and m0 + m + 8 written by the quad's first thread. All threads of the block call it.
+  __device__ __forceinline__ void store_row_sums(const CompensatedSum (&row_sums)[2], float* out, int64_t m0,
+                                                 int64_t rows) const {
+    const int lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = row_sums[half].value();
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int64_t row = m0 + warp_m0 + g + 8 * half;
+      if (t == 0 && row < rows) out[row] = sum;
+    }
   }
 };
 
@@ -773,22 +825,6 @@ __device__ __forceinline__ bool stage_tile(const GemmArgs& args, const WorkItem&
 #endif
 }
 
-// Row sums (bias gradients) over K = 1M rows at fp32 accuracy: each k-tile's
-// 32 values summed pairwise, the tiles' sums added with Kahan's
-// compensation. (A running fp32 sum's error grows with the count of terms;
-// over a few hundred it already passes 4x torch's tree-shaped sum.)
-struct CompensatedSum {
-  float sum = 0.f, compensation = 0.f;
-
-  __device__ __forceinline__ void add(float x) {
-    const float y = x - compensation;
-    const float t = sum + y;
-    compensation = (t - sum) - y;
-    sum = t;
-  }
-  __device__ __forceinline__ float value() const { return sum; }
-};
-
 // Column m of an MN-major tile summed over its 32 k, pairwise.
 __device__ __forceinline__ float tile_column_sum(const float* tile, int m) {
   static_assert(kTileK == 32, "four sums of eight");
@@ -858,10 +894,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const Gemm
   bool first_tile = true;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const WorkItem work = work_item(args, item);
-    // Row sums (bias gradients) need A's tile MN-major: thread m sums column m of each tile.
-    const bool sums_rows = !A_K_MAJOR && args.row_sums != nullptr && work.n0 == 0 && threadIdx.x < kTileM;
+    // Row sums (bias gradients) need A's tile MN-major (A's rows are the stored columns): the
+    // warpgroup multiply sums its fragments (kSumsFragmentRows), else thread m sums column m of each tile.
+    const bool sums_rows = !A_K_MAJOR && args.row_sums != nullptr && work.n0 == 0;
     float acc[Mma::kFragsM][Mma::kFragsN][4] = {};
-    CompensatedSum row_sum;
+    CompensatedSum row_sums[2];
     for (int64_t k_tile = 0; k_tile < work.k_tiles; ++k_tile) {
       cp_async_wait<kStages - 2 - Mma::kTilesAhead>();
       // The tensor cores read presplit B's copies through the async proxy.
@@ -874,14 +911,19 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const Gemm
       const bool has_next = k_tile + 1 < work.k_tiles || item + gridDim.x < items;
       const float* b_next = has_next ? shared + (compute_stage + 1) % kStages * kStageFloats + kOperandFloats : nullptr;
       mma.template multiply<A_K_MAJOR, B_K_MAJOR>(a_tile, a_tile + kOperandFloats, b_next, first_tile, mma_shared,
-                                                  acc, copy_next);
+                                                  Mma::kSumsFragmentRows && sums_rows, row_sums, acc, copy_next);
       first_tile = false;
-      if (sums_rows) row_sum.add(tile_column_sum(a_tile, threadIdx.x));
+      if (!Mma::kSumsFragmentRows && sums_rows && threadIdx.x < kTileM)
+        row_sums[0].add(tile_column_sum(a_tile, threadIdx.x));
       compute_stage = (compute_stage + 1) % kStages;
     }
-    if (sums_rows && work.m0 + threadIdx.x < args.m) {
-      const int64_t split_offset = args.partial != nullptr ? work.split * args.m : 0;
-      args.row_sums[split_offset + work.m0 + threadIdx.x] = row_sum.value();
+    if (sums_rows) {
+      float* const sums_out = args.row_sums + (args.partial != nullptr ? work.split * args.m : 0);
+      if constexpr (Mma::kSumsFragmentRows) {
+        mma.store_row_sums(row_sums, sums_out, work.m0, args.m);
+      } else if (threadIdx.x < kTileM && work.m0 + threadIdx.x < args.m) {
+        sums_out[work.m0 + threadIdx.x] = row_sums[0].value();
+      }
     }
     bool stored = false;
     if constexpr (Mma::kStagedStore) stored = stage_tile(args, work, mma.warp_m0, acc, mma_shared);
@@ -962,14 +1004,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_resident_b_kernel(const Gemm
   for (int64_t item = first_item; item < m_tiles; item += item_stride) {
     work.m0 = item * kGroupRows;
     float acc[1][WarpgroupMma<true>::kFragsN][4] = {};
+    CompensatedSum no_sums[2];
     for (int64_t k_tile = 0; k_tile < k_tiles; ++k_tile) {
       cp_async_wait<kGroupStages - 2>();
       // The warpgroup's copies of this k-tile have landed, and it is done with the stage the
       // next copy overwrites (multiplied in the last step; the multiply issues that copy).
       warpgroup_barrier(group);
       mma.template multiply<true, true>(a_stages + compute_stage * kGroupStageFloats,
-                                        b_resident + k_tile * 2 * kSplitFloats, nullptr, false, nullptr, acc,
-                                        copy_next);
+                                        b_resident + k_tile * 2 * kSplitFloats, nullptr, false, nullptr, false,
+                                        no_sums, acc, copy_next);
       compute_stage = (compute_stage + 1) % kGroupStages;
     }
     store_tile(args, work, mma.warp_m0, 0, acc);
