@@ -27,19 +27,18 @@ Size = Optional[tuple[Optional[int], Optional[int]]]
 # host until the step's first launch, so the layers read what they need before it from the registries.
 def registered_parameters(module: torch.nn.Module, *names: str) -> list:
     """module.<name> for each parameter name (None where one is registered as None)."""
-    parameters = module._parameters
-    try:
-        return [parameters[name] for name in names]
-    except KeyError:  # e.g. a parametrized weight, a property of the module
-        return [getattr(module, name) for name in names]
+    return _registered(module, module._parameters, names)
 
 
 def registered_children(module: torch.nn.Module, *names: str) -> list:
     """module.<name> for each child module name (None where one is registered as None)."""
-    modules = module._modules
+    return _registered(module, module._modules, names)
+
+
+def _registered(module: torch.nn.Module, registry: dict, names: tuple) -> list:
     try:
-        return [modules[name] for name in names]
-    except KeyError:
+        return [registry[name] for name in names]
+    except KeyError:  # e.g. a parametrized weight, a property of the module
         return [getattr(module, name) for name in names]
 
 

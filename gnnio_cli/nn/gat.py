@@ -91,7 +91,7 @@ class _ProjectWithScores(torch.autograd.Function):
         stacked = torch.cat([v.reshape(1, *v.shape[-2:]) for v in vectors])  # [J, H, C]
         score_weight = _score_weight(weight, stacked)
         if split_tf32:
-            h, dots = dense.project(x, [weight, score_weight], [None, None])  # one product: x read once
+            h, dots = dense.project_split_tf32(x, [weight, score_weight], [None, None])  # one product: x read once
         else:
             dots = F.linear(x, score_weight)
         dots = dots.view(-1, len(vectors), heads)

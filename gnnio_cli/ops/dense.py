@@ -147,6 +147,13 @@ def project(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Optional[Tens
     product = projection_product(x, widths)
     if not uses_split_tf32(x, widths, *weights, *[b for b in biases if b is not None], product=product):
         return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
+    return project_split_tf32(x, weights, biases)
+
+
+def project_split_tf32(
+    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]]
+) -> tuple[Tensor, ...]:
+    """project's split-TF32 product, for a caller that has asked uses_split_tf32 already."""
     dispatch.record("projection", "split-tf32")
     outputs = torch.ops.gnnio.project_split_tf32(
         _aligned_rows(x), [w.contiguous() for w in weights], [b if b is None else b.contiguous() for b in biases]
