@@ -543,7 +543,7 @@ def test_edge_balanced_op_checks_slot_rows():
     graph, call, tensors = op_arguments()
     with pytest.raises(RuntimeError, match=r"attention_forward_edge_balanced: slot_rows must be a contiguous int32"):
         torch.ops.gnnio.attention_forward_edge_balanced(
-            attention_native.GATV2, *call.csr_args(), *tensors, *call.score_args(), 0,
+            attention_native.GATV2, *call.plan.csr_args, *tensors, *call.score_args(), 0,
             torch.zeros(graph.num_edges, dtype=torch.int64, device="cuda"),
         )
 
@@ -748,7 +748,7 @@ def test_target_from_edges_refuses_other_kinds():
     edge_grads = torch.ones(graph.num_edges, 2, device="cuda")
     with pytest.raises(RuntimeError, match=r"attention_backward_target_from_edges: kind must be 0 \(GAT\) or 2"):
         torch.ops.gnnio.attention_backward_target_from_edges(
-            attention_native.GATV2, *call.csr_args(), *tensors, edge_grads, attention_native.edge_grad_slots(graph)
+            attention_native.GATV2, *call.plan.csr_args, *tensors, edge_grads, attention_native.edge_grad_slots(graph)
         )
 
 

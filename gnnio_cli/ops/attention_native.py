@@ -335,18 +335,6 @@ class _Call:
     seed: int
     offset: int
 
-    @property
-    def kind(self) -> int:
-        return self.plan.kind
-
-    @property
-    def return_scores(self) -> int:
-        return self.plan.return_scores
-
-    @property
-    def schedule_name(self) -> str:
-        return self.plan.schedule_name
-
     def forward(self, tensors: tuple, bias: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> tuple:
         """(out, lse, scores) of the forward op this call's schedule names; out + bias [H, C] + residual
@@ -361,12 +349,6 @@ class _Call:
             plan.kind, *plan.csr_args, *tensors, *self.score_args(), plan.return_scores, plan.slot_rows, bias,
             residual,
         )
-
-    def csr_args(self) -> tuple:
-        return self.plan.csr_args
-
-    def csc_args(self) -> tuple:
-        return self.plan.csc_args
 
     def score_args(self) -> tuple:
         return self.plan.negative_slope, self.plan.scale, self.dropout, self.seed, self.offset
@@ -408,7 +390,7 @@ class _FusedAttention(torch.autograd.Function):
         out, lse, scores = call.forward(tensors, bias, residual)
         ctx.call = call
         # GAT and DOT take delta = <grad_out, out - bias - residual> from the output itself (see _source_first)
-        source_first = _source_first(call.kind, msg_src.dtype)
+        source_first = _source_first(call.plan.kind, msg_src.dtype)
         kept = (out, bias, residual) if source_first else (None, None, None)
         ctx.save_for_backward(*tensors, lse, *kept)
         ctx.mark_non_differentiable(lse, scores)
@@ -420,6 +402,7 @@ class _FusedAttention(torch.autograd.Function):
         if grad_out is None:
             return (None,) * 10
         call: _Call = ctx.call
+        plan = call.plan
         *tensors, lse, out, bias, residual = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         # the bias gradient (grad_out's column sums) from the row dots' read of grad_out where they run
@@ -430,33 +413,33 @@ class _FusedAttention(torch.autograd.Function):
                 grad_out, out, bias, lse, bias_in_row_dots, residual
             )
             packed = None
-            if call.plan.pack_gradients:
+            if plan.pack_gradients:
                 # rows of (d x_src, d alpha_src, d alpha_dst), which the kernels write in place: a layer that
                 # projected all three from one x takes x's gradient in one GEMM over them (GATConv)
                 rows, heads, channels = tensors[0].shape
                 packed = grad_out.new_empty(rows, heads * channels + 2 * heads)
             grad_msg, grad_key, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, row_stats, *call.score_args(), True, packed,
-                call.plan.hinted_csc,
+                plan.kind, *plan.csc_args, *tensors, grad_out, row_stats, *call.score_args(), True, packed,
+                plan.hinted_csc,
             )
             grad_dst = torch.ops.gnnio.attention_backward_target_from_edges(
-                call.kind, *call.csr_args(), *tensors, edge_grads, edge_grad_slots(call.graph), packed,
-                call.plan.hinted_target,
+                plan.kind, *plan.csr_args, *tensors, edge_grads, edge_grad_slots(call.graph), packed,
+                plan.hinted_target,
             )
             grad_att = None
         else:
             # row_stats: (lse, delta) per (target, head), as the source pass gathers them
             grad_dst, grad_att, row_stats = torch.ops.gnnio.attention_backward_target(
-                call.kind, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
+                plan.kind, *plan.csr_args, *tensors, grad_out, lse, *call.score_args()
             )
             grad_msg, grad_key, grad_src_scalar, grad_edge, _ = torch.ops.gnnio.attention_backward_source(
-                call.kind, *call.csc_args(), *tensors, grad_out, row_stats, *call.score_args(), False, None,
-                call.plan.hinted_csc,
+                plan.kind, *plan.csc_args, *tensors, grad_out, row_stats, *call.score_args(), False, None,
+                plan.hinted_csc,
             )
         has_edge = tensors[6] is not None
-        if call.kind == GAT:
+        if plan.kind == GAT:
             grads = (grad_msg, None, None, grad_src_scalar, grad_dst, None, grad_edge if has_edge else None)
-        elif call.kind == GATV2:
+        elif plan.kind == GATV2:
             grads = (grad_msg, None, grad_dst, None, None, grad_att, grad_edge if has_edge else None)
         else:
             grads = (grad_msg, grad_key, grad_dst, None, None, None, grad_edge if has_edge else None)
@@ -525,10 +508,10 @@ def _build_plan(kind: int, graph: Graph, forced: Schedule, negative_slope: float
 
 def _finish(op: str, call: _Call, out: torch.Tensor, lse: torch.Tensor, scores: torch.Tensor, return_attention: bool):
     """Record the schedule that ran; out, or (out, alpha [E, H] in eid order)."""
-    dispatch.record(op, call.schedule_name)
+    dispatch.record(op, call.plan.schedule_name)
     if not return_attention:
         return out
-    dropout = call.dropout if call.return_scores == 2 else 0.0
+    dropout = call.dropout if call.plan.return_scores == 2 else 0.0
     return out, _attention_weights(call.graph, scores, lse, dropout, out.dtype)
 
 
@@ -625,12 +608,12 @@ class _CosineAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         # row_stats: (lse, delta, 1 / max(|x_dst|, 1e-12), 0) per target, as the source pass gathers them
         grad_unit_dst, grad_beta, row_stats = torch.ops.gnnio.attention_backward_target(
-            COSINE, *call.csr_args(), *tensors, grad_out, lse, *call.score_args()
+            COSINE, *call.plan.csr_args, *tensors, grad_out, lse, *call.score_args()
         )
         # The source pass returns d x_src whole; when x_dst is x_src it also takes d u_dst (key_src's slot).
         source_tensors = (x_src, grad_unit_dst if ctx.shared else None, *tensors[2:])
         grad_src, *_ = torch.ops.gnnio.attention_backward_source(
-            COSINE, *call.csc_args(), *source_tensors, grad_out, row_stats, *call.score_args(), False
+            COSINE, *call.plan.csc_args, *source_tensors, grad_out, row_stats, *call.score_args(), False
         )
         grad_dst = None
         if not ctx.shared:
