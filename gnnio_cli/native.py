@@ -465,6 +465,7 @@ def _register_fakes() -> None:
     if _fakes_registered:
         return
     _fakes_registered = True
+    from gnnio_cli.graph.schedule import FACTS_WIDTH
 
     @torch.library.register_fake("gnnio::segment_sum")
     def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
@@ -494,6 +495,10 @@ def _register_fakes() -> None:
     def _(csc_indptr, csc_indices, csc_mask_slot, grad_out, masks, num_src, tile_row, tile_start, heavy_rows,
           heavy_tile_ptr, tile_edges):
         return grad_out.new_empty((num_src, grad_out.shape[1]))
+
+    @torch.library.register_fake("gnnio::graph_facts")
+    def _(csr_indptr, csc_indptr, src, dst, tiles):
+        return csr_indptr.new_empty(FACTS_WIDTH)
 
     @torch.library.register_fake("gnnio::cusparse_spmm")
     def _(indptr, indices, values, x, num_rows, workspace):

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.schedule import row_schedule
 from gnnio_cli.ops import attention as attention_ops
 from gnnio_cli.ops import attention_native, dispatch
 from testing import assert_within_torch_error, poison_cuda_cache, random_graph, randn, relative_error, with_index_dtype
@@ -147,7 +148,7 @@ def test_matches_fp64_reference(kind, heads, channels):
     if kind == "agnn" and heads != 1:
         pytest.skip("AGNN has one head")
     graph = small_graph().to("cuda")
-    assert attention_native.row_schedule(graph, "csr").heavy_rows.numel() > 0
+    assert row_schedule(graph, "csr").heavy_rows.numel() > 0
     inputs = make_inputs(kind, graph, heads, channels, torch.float32, seed=heads * 1000 + channels)
     check_against_oracle(kind, graph, inputs, return_attention=True)
 
@@ -172,8 +173,8 @@ def test_gat_packed_gradients(heads):
     hub_targets = np.random.default_rng(6).integers(0, base.num_nodes, 600)
     edges = np.concatenate([np.stack([source.numpy(), target.numpy()]), np.stack([np.full(600, 5), hub_targets])], 1)
     graph = Graph.from_edge_index(edges, num_nodes=base.num_nodes).to("cuda")
-    assert attention_native.row_schedule(graph, "csr").heavy_rows.numel() > 0
-    assert attention_native.row_schedule(graph, "csc").heavy_rows.numel() > 0
+    assert row_schedule(graph, "csr").heavy_rows.numel() > 0
+    assert row_schedule(graph, "csc").heavy_rows.numel() > 0
     inputs = make_inputs("gat", graph, heads, 32, torch.float32, edges=True, seed=40 + heads)
     leaves = tuple(inputs.values())
     grad_out = randn(graph.num_dst_nodes, heads, 32, device="cuda", generator=torch.Generator().manual_seed(heads))
@@ -213,7 +214,7 @@ def test_index_dtypes_without_edge_features(kind, index_dtype):
 def test_hub_of_degree_150k_bipartite(kind):
     """A super node far above any tile, on a bipartite graph with empty rows, loops and duplicates."""
     graph = random_graph(3000, 30000, hub_degree=150_000, num_dst_nodes=2000, seed=5).to("cuda")
-    schedule = attention_native.row_schedule(graph, "csr")
+    schedule = row_schedule(graph, "csr")
     assert int(schedule.heavy_tile_ptr.diff().max()) > 100
     inputs = make_inputs(kind, graph, 4, 32, torch.float32, edges=kind in EDGE_KINDS, seed=9)
     check_against_oracle(kind, graph, inputs)
@@ -225,7 +226,7 @@ def test_out_hub_is_split_in_the_source_pass():
     src = np.concatenate([np.zeros(50_000, dtype=np.int64), rng.integers(0, 500, 5000)])
     dst = np.concatenate([rng.integers(0, 60_000, 50_000), rng.integers(0, 60_000, 5000)])
     graph = Graph.from_edge_index(np.stack([src, dst]), num_nodes=60_000).to("cuda")
-    assert attention_native.row_schedule(graph, "csc").heavy_rows.numel() > 0
+    assert row_schedule(graph, "csc").heavy_rows.numel() > 0
     for kind in KINDS:
         check_against_oracle(kind, graph, make_inputs(kind, graph, 2, 16, torch.float32, seed=11))
 
@@ -651,7 +652,7 @@ def test_agnn_hub_row_tiles():
     """A target of in-degree 150,000, cut into tiles: the tiles' d beta shares and the beta-scaled
     d u_dst are finished by finish_target_tiles_kernel; both sharing cases, fp32 vs fp64."""
     graph = random_graph(3000, 30000, hub_degree=150_000, num_dst_nodes=3000, seed=8).to("cuda")
-    assert attention_native.row_schedule(graph, "csr").heavy_rows.numel() > 0
+    assert row_schedule(graph, "csr").heavy_rows.numel() > 0
     for shared in (True, False):
         x_src, x_dst, beta = agnn_case(graph, 32, torch.float32, shared=shared, seed=60 + shared)
         grad_out = randn(graph.num_dst_nodes, 32, generator=torch.Generator().manual_seed(6)).cuda()

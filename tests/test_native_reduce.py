@@ -165,7 +165,7 @@ def test_empty_graph_gives_zeros_and_no_gradient():
 
 
 def test_opcheck_extremum_ops():
-    from gnnio_cli.ops.attention_native import row_schedule
+    from gnnio_cli.graph.schedule import row_schedule
 
     graph = graph_named("small")
     x = randn(graph.num_src_nodes, 16, device="cuda", generator=torch.Generator().manual_seed(28))
@@ -198,7 +198,7 @@ def unpacked_masks(masks: torch.Tensor, width: int) -> torch.Tensor:
 def test_each_feature_of_a_row_has_one_winning_edge_holding_its_value(graph_name, width, dtype):
     """The saved masks, across mask words and lane passes (widths 3 to 256): one bit per (non-empty row,
     feature), set on a slot whose source holds the output, the smallest such source."""
-    from gnnio_cli.ops.attention_native import row_schedule
+    from gnnio_cli.graph.schedule import row_schedule
 
     graph = graph_named(graph_name)
     gen = torch.Generator().manual_seed(40 + width)
@@ -269,7 +269,7 @@ SUBWARP_KERNELS = ("subwarp", "subwarp-sorted")
 def extremum_ops(graph: Graph, x: torch.Tensor, is_min: bool, by_degree: bool, with_masks: bool = True):
     """(out, masks) of the warp kernel and, where x fits it, of the subwarp kernel (light rows in row order, or
     by descending degree, with their bounds) on the same sorted rows and schedule."""
-    from gnnio_cli.ops.attention_native import row_order, row_schedule
+    from gnnio_cli.graph.schedule import row_order, row_schedule
 
     schedule = row_schedule(graph, "csr")
     args = (graph.csr_indptr, reduce_native.sorted_rows(graph).indices, x, graph.num_dst_nodes, is_min,
@@ -390,7 +390,7 @@ def test_extremum_kernel_choice_is_timed_recorded_and_kept():
 
 
 def test_subwarp_extremum_checks_name_the_argument():
-    from gnnio_cli.ops.attention_native import row_schedule
+    from gnnio_cli.graph.schedule import row_schedule
 
     graph = graph_named("small")
     rows = reduce_native.sorted_rows(graph)
@@ -408,7 +408,7 @@ def test_subwarp_extremum_checks_name_the_argument():
 
 
 def test_opcheck_subwarp_extremum():
-    from gnnio_cli.ops.attention_native import row_order, row_schedule
+    from gnnio_cli.graph.schedule import row_order, row_schedule
 
     graph = graph_named("small")
     schedule = row_schedule(graph, "csr")

@@ -18,7 +18,7 @@ import torch
 
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch, gcn_propagate, spmm
-from gnnio_cli.ops.attention_native import row_order, row_schedule
+from gnnio_cli.graph.schedule import row_order, row_schedule
 from gnnio_cli.ops.spmm_native import kernel_candidates
 from testing import (
     named_test_graph,

@@ -629,6 +629,7 @@ def test_schedule_candidates_and_forced_schedules():
     """Every graph's `compare --schedules` candidates end with no split and the edge-balanced forward; the
     edge-balanced score phase's row map is the CSR row of each slot; a forced schedule must be None, a tile
     length or that name; a super node's tiles stay at most MAX_TILES_PER_ROW per row."""
+    from gnnio_cli.graph import schedule
     from gnnio_cli.ops import attention_native as native
 
     graph = Graph.from_arrays(np.arange(10), (np.arange(10) + 1) % 10, 10, 10)
@@ -641,15 +642,15 @@ def test_schedule_candidates_and_forced_schedules():
             with native.forced_schedule(bad):
                 pass
     indptr = torch.tensor([0, 2_000_000, 2_000_016])  # a super node and an ordinary row
-    tile = native.choose_tile_edges(indptr)
-    assert tile % 32 == 0 and math.ceil(2_000_000 / tile) <= native.MAX_TILES_PER_ROW
+    tile = schedule.choose_tile_edges(indptr)
+    assert tile % 32 == 0 and math.ceil(2_000_000 / tile) <= schedule.MAX_TILES_PER_ROW
 
 
 def test_kernel_choice_forced_single_and_cached(monkeypatch):
-    """spmm_native.choose_kernel, which both the SpMM family and max/min use: an environment variable forces
+    """ops.tuning.choose_kernel, which both the SpMM family and max/min use: an environment variable forces
     a kernel (one the input cannot take gives the fallback; an unknown name is a one-line error), a single
     candidate needs no timing, and a timed choice is kept per key."""
-    from gnnio_cli.ops.spmm_native import choose_kernel
+    from gnnio_cli.ops.tuning import choose_kernel
 
     def never_run(kernel):
         raise AssertionError(f"{kernel} was timed")

@@ -189,7 +189,7 @@ def degree_ladder_graph(num_nodes: int = 3000, hub_degree: int = 100_000, *, see
     """Target 0 is a hub of in-degree `hub_degree` (split into tiles); targets 1, 2, 3 have in-degree T - 1, T and
     T + 1 for the graph's tile length T (the light/heavy cut of the row schedule); every other target t has
     LADDER_DEGREES[t % len]. Sources are drawn at random (self-loops and duplicate edges occur), edges shuffled."""
-    from gnnio_cli.ops.attention_native import choose_tile_edges
+    from gnnio_cli.graph.schedule import choose_tile_edges
 
     def indptr(degrees: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.concatenate([[0], np.cumsum(degrees)]))

@@ -24,8 +24,11 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph.build import group_by
+from gnnio_cli.graph.compress import Compressed, compress, group, key_dtype
+from gnnio_cli.graph.schedule import GraphFacts, measure
 
 INT32_MAX = 2**31 - 1
+_MISSING = object()
 
 
 def index_dtype(num_nodes: int) -> torch.dtype:
@@ -68,14 +71,25 @@ class Graph:
         num_nodes: Optional[int] = None,
         size: Optional[tuple[int, int]] = None,
         node_ids=None,
+        check: bool = True,
     ) -> "Graph":
         """Build from a [2, E] edge list (row 0 sources, row 1 targets).
 
         `size=(num_src, num_dst)` gives a bipartite graph; otherwise both sides
         have `num_nodes` nodes (default: largest id + 1).
+
+        A tensor on a GPU is grouped there (graph.compress: device sorts, no
+        host round trip) and then read back once: the ids' range, which is
+        checked, and the rows' facts the kernels' schedules need, in one read
+        of a few numbers. `check=False` skips that read for ids known to be in
+        range (its facts are then counted on first use); out-of-range ids
+        would then be an illegal memory access, not an error. A CPU tensor or
+        array is grouped on the CPU (graph.build's counting sorts).
         """
+        if isinstance(edge_index, torch.Tensor) and edge_index.device.type != "cpu":
+            return Graph._from_device_edge_index(edge_index, num_nodes, size, node_ids, check)
         if isinstance(edge_index, torch.Tensor):
-            edge_index = edge_index.detach().to("cpu").numpy()
+            edge_index = edge_index.detach().numpy()
         edge_index = np.asarray(edge_index)
         if edge_index.ndim != 2 or edge_index.shape[0] != 2:
             raise GnnioError(f"Graph.from_edge_index: edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
@@ -87,14 +101,67 @@ class Graph:
             size = (num_nodes, num_nodes)
         num_src, num_dst = int(size[0]), int(size[1])
         if src.size:
-            if src.min() < 0 or dst.min() < 0:
-                raise GnnioError("Graph.from_edge_index: edge_index holds negative node ids")
-            if src.max() >= num_src or dst.max() >= num_dst:
-                raise GnnioError(
-                    f"Graph.from_edge_index: node id out of range for size ({num_src}, {num_dst}): "
-                    f"max source {int(src.max())}, max target {int(dst.max())}"
-                )
+            _check_ids(int(src.min()), int(src.max()), int(dst.min()), int(dst.max()), num_src, num_dst)
         return Graph.from_arrays(src, dst, num_src, num_dst, node_ids=node_ids)
+
+    @staticmethod
+    def _from_device_edge_index(edge_index: torch.Tensor, num_nodes, size, node_ids, check: bool) -> "Graph":
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise GnnioError(f"Graph.from_edge_index: edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
+        if edge_index.dtype.is_floating_point or edge_index.dtype.is_complex or edge_index.dtype == torch.bool:
+            raise GnnioError(f"Graph.from_edge_index: edge_index must hold integers, got dtype {edge_index.dtype}")
+        edge_index = edge_index.detach()
+        if size is None:
+            if num_nodes is None:  # the largest id: a read, as on the CPU
+                num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
+            size = (num_nodes, num_nodes)
+        num_src, num_dst = int(size[0]), int(size[1])
+        src, dst = edge_index[0], edge_index[1]
+        parts = compress(src, dst, num_src, num_dst, index_dtype(max(num_src, num_dst)))
+        graph = Graph._wrap(parts, num_src, num_dst, node_ids)
+        if check:
+            measured = measure(parts.csr[0], parts.csc[0], src.numel(), src, dst)
+            if measured.id_ranges is not None:
+                _check_ids(*measured.id_ranges, num_src, num_dst)
+            graph._cache["facts"] = measured.facts
+        graph._cache["edge_index"] = edge_index.to(torch.int64)
+        return graph
+
+    @staticmethod
+    def from_csr(indptr: torch.Tensor, indices: torch.Tensor, num_src: int, facts: Optional[GraphFacts] = None,
+                 node_ids=None) -> "Graph":
+        """A graph whose CSR (rows = targets, in-neighbour lists) is given, on its own device.
+
+        indptr int64 [num_dst + 1], indices int [E] (sources in [0, num_src)); edge ids are the slots.
+        The CSC comes from a stable sort of the sources (no read); `facts` (graph.schedule), where the
+        caller knows them, spare the read that counting them would take.
+        """
+        num_dst = indptr.numel() - 1
+        num_edges = indices.numel()
+        rows = torch.repeat_interleave(
+            torch.arange(num_dst, device=indptr.device), indptr.diff(), output_size=num_edges
+        )
+        idx = index_dtype(max(num_src, num_dst))
+        keys = key_dtype(max(num_src, num_dst))
+        csc = group(indices.to(keys), num_src, rows.to(idx))
+        csr = (indptr, indices.to(idx), torch.arange(num_edges, device=indptr.device))
+        graph = Graph._wrap(Compressed(csr, csc), num_src, num_dst, node_ids, facts)
+        graph._cache["csr_rows"] = rows
+        return graph
+
+    @staticmethod
+    def _wrap(parts, num_src: int, num_dst: int, node_ids=None, facts: Optional[GraphFacts] = None) -> "Graph":
+        """A Graph of graph.compress's result (tensors already on their device)."""
+        (csr_indptr, csr_indices, csr_eid), (csc_indptr, csc_indices, csc_eid) = parts.csr, parts.csc
+        graph = Graph(
+            csr_indptr=csr_indptr, csr_indices=csr_indices, csr_eid=csr_eid,
+            csc_indptr=csc_indptr, csc_indices=csc_indices, csc_eid=csc_eid,
+            num_src_nodes=int(num_src), num_dst_nodes=int(num_dst),
+            node_ids=None if node_ids is None else torch.as_tensor(node_ids, dtype=torch.int64),
+        )  # fmt: skip
+        if facts is not None:
+            graph._cache["facts"] = facts
+        return graph
 
     @staticmethod
     def from_arrays(src: np.ndarray, dst: np.ndarray, num_src: int, num_dst: int, node_ids=None) -> "Graph":
@@ -160,6 +227,14 @@ class Graph:
             ),
         )
 
+    @property
+    def facts(self) -> GraphFacts:
+        """What the host knows of the rows (graph.schedule.GraphFacts), counted on first use: on the CPU for
+        free, on a GPU in one read; graphs built from a GPU edge_index, by gnnio's loader or moved from the
+        CPU already have them."""
+        return self.cached("facts", lambda: measure(
+            self.csr_indptr, self.csc_indptr, self.num_edges, self.csr_indices, self.csr_rows).facts)
+
     def edge_index(self) -> torch.Tensor:
         """int64 [2, E] in original edge order (row 0 sources, row 1 targets)."""
 
@@ -173,10 +248,16 @@ class Graph:
 
     # -------------------------------------------------------------- caching
     def cached(self, key: Any, build: Callable[[], Any]) -> Any:
-        """Return the derived structure under `key`, building it once."""
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
+        """Return the derived structure under `key`, building it once.
+
+        Structures carry no gradient and outlive the call that built them, so they are built outside
+        autograd and outside inference mode (a graph first used while predicting serves training later).
+        """
+        found = self._cache.get(key, _MISSING)
+        if found is _MISSING:
+            with torch.inference_mode(False), torch.no_grad():
+                found = self._cache[key] = build()
+        return found
 
     def to(self, device) -> "Graph":
         """The same graph on `device` (copies cached per device)."""
@@ -185,9 +266,11 @@ class Graph:
             device = torch.device("cuda", torch.cuda.current_device())
         if self.device == device:
             return self
+        if self.device.type == "cpu":
+            self.facts  # counted here for free, so the copy never reads them back
 
         def move():
-            return Graph(
+            moved = Graph(
                 csr_indptr=self.csr_indptr.to(device),
                 csr_indices=self.csr_indices.to(device),
                 csr_eid=self.csr_eid.to(device),
@@ -198,6 +281,9 @@ class Graph:
                 num_dst_nodes=self.num_dst_nodes,
                 node_ids=self.node_ids,
             )
+            if "facts" in self._cache:
+                moved._cache["facts"] = self._cache["facts"]
+            return moved
 
         return self.cached(("to", str(device)), move)
 
@@ -228,6 +314,17 @@ class Graph:
             else f"num_src_nodes={self.num_src_nodes}, num_dst_nodes={self.num_dst_nodes}"
         )
         return f"Graph({side}, num_edges={self.num_edges}, device={self.device})"
+
+
+def _check_ids(min_src: int, max_src: int, min_dst: int, max_dst: int, num_src: int, num_dst: int) -> None:
+    """One-line errors for negative or out-of-range node ids."""
+    if min(min_src, min_dst) < 0:
+        raise GnnioError("Graph.from_edge_index: edge_index holds negative node ids")
+    if max_src >= num_src or max_dst >= num_dst:
+        raise GnnioError(
+            f"Graph.from_edge_index: node id out of range for size ({num_src}, {num_dst}): "
+            f"max source {max_src}, max target {max_dst}"
+        )
 
 
 @numba.njit(cache=True)

@@ -10,10 +10,15 @@ PyG layers accept the edges three ways, and so do gnnio's:
 
 Building the CSR/CSC structures costs a sort, so the Graph built for an
 ``edge_index`` or sparse tensor is cached *on that tensor object* (weakly:
-the entry dies with the tensor) and stamped with the tensor's version counter,
-storage address and shape. A tensor changed in place, or a different tensor
-with the same contents, is never served a stale Graph: the former fails the
-stamp and is rebuilt, the latter has its own entry.
+the entry dies with the tensor, so a mini-batch's structures go with its
+batch). The entry keeps a copy of the ids it was built from, and a call is
+served the cached Graph only when the tensor still holds exactly those ids
+(one comparison, a read on a GPU): a write through ``.data``, a numpy view
+or DLPack, which torch's version counter does not see, rebuilds it, and
+tensors made under ``torch.inference_mode`` (which have no version counter)
+are cached like any other. A Graph passed directly is never checked: it is
+immutable. Structures are built outside inference mode, so a Graph built
+while predicting serves training later.
 
 Edge order. A Graph's edge ids follow the order PyG itself uses, so per-edge
 inputs and returned attention weights line up with PyG's: the columns of
@@ -26,13 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.loops import appended_self_loops, edge_messages_graph, replaced_self_loops
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 LOOP_FILL_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean", "min": "amin", "max": "amax"}
@@ -40,7 +45,7 @@ LOOP_FILL_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean", "min": "amin
 EdgesInput = Union[Tensor, Graph]
 FillValue = Union[None, float, int, Tensor, str]
 
-# edge_index or sparse tensor -> {(num_src, num_dst, device): (stamp, Adjacency)}
+# edge_index or sparse tensor -> {(num_src, num_dst, device): (snapshot of its ids, Adjacency)}
 _ADJACENCY_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -110,22 +115,34 @@ def as_adjacency(edges: EdgesInput, num_src: int, num_dst: int, device: torch.de
     if edges.dim() != 2 or edges.shape[0] != 2:
         raise GnnioError(f"edge_index must have shape [2, E], got {tuple(edges.shape)}")
     key = (num_src, num_dst, str(device))
-    stamp = (edges._version, edges.data_ptr(), tuple(edges.shape), edges.dtype)
 
     def build() -> Adjacency:
         return Adjacency(Graph.from_edge_index(edges, size=(num_src, num_dst)).to(device))
 
-    return _cached(edges, key, stamp, build)
+    return _cached(edges, key, (edges,), build)
 
 
-def _cached(tensor: Tensor, key, stamp, build) -> Adjacency:
+def _cached(tensor: Tensor, key, parts: tuple, build) -> Adjacency:
+    """The Adjacency cached on `tensor` under `key` while its index `parts` still hold the ids it was built
+    from (compared in full), else a new one built by `build` (outside inference mode and autograd)."""
     entries = _ADJACENCY_CACHE.get(tensor)
     if entries is None:
         entries = _ADJACENCY_CACHE[tensor] = {}
     entry = entries.get(key)
-    if entry is None or entry[0] != stamp:
-        entry = entries[key] = (stamp, build())
-    return entry[1]
+    if entry is not None and _unchanged(entry[0], parts):
+        return entry[1]
+    with torch.inference_mode(False), torch.no_grad():
+        snapshot = tuple(part.detach().clone() for part in parts)
+        adjacency = build()
+    entries[key] = (snapshot, adjacency)
+    return adjacency
+
+
+def _unchanged(snapshot: tuple, parts: tuple) -> bool:
+    return all(
+        old.shape == new.shape and old.dtype == new.dtype and old.device == new.device and torch.equal(old, new)
+        for old, new in zip(snapshot, parts)
+    )
 
 
 def _sparse_edges(adj: Tensor) -> tuple[Tensor, Tensor]:
@@ -152,55 +169,19 @@ def _sparse_adjacency(adj: Tensor, num_src: int, num_dst: int, device: torch.dev
         parts = (adj.crow_indices(), adj.col_indices())
     else:
         parts = (adj.ccol_indices(), adj.row_indices())
-    stamp = (adj.is_coalesced() if adj.layout == torch.sparse_coo else True,) + tuple(
-        (part._version, part.data_ptr(), tuple(part.shape)) for part in parts
-    )
-    key = (num_src, num_dst, str(device))
+    key = (num_src, num_dst, str(device), adj.layout == torch.sparse_coo and adj.is_coalesced())
 
     def build() -> Adjacency:
         sources, targets = _sparse_edges(adj)
         edge_index = torch.stack([sources, targets]).detach()
         return Adjacency(Graph.from_edge_index(edge_index, size=(num_src, num_dst)).to(device), layout=adj.layout)
 
-    structure = _cached(adj, key, stamp, build)
+    structure = _cached(adj, key, parts, build)
     coalesced = adj.coalesce() if adj.layout == torch.sparse_coo and not adj.is_coalesced() else adj
     return Adjacency(structure.graph, coalesced.values().to(device), adj.layout)
 
 
 # ----------------------------------------------------------- self-loops
-@dataclass(frozen=True)
-class _LoopedEdges:
-    """How a graph with its self-loops replaced by one loop per node maps to the original.
-
-    graph:    the looped graph; edge ids: the kept (non-loop) edges in order, then
-              loops (i, i) for i = 0..num_loops-1, then (row_major) sorted by (target, source)
-    kept_eid: int64 [E_kept]: original edge id of every kept edge, in order
-    order:    int64 [E_kept + num_loops] or None: the re-sort applied for sparse inputs
-    """
-
-    graph: Graph
-    kept_eid: Tensor
-    order: Optional[Tensor]
-
-
-def _looped_edges(graph: Graph, num_loops: int, row_major: bool) -> _LoopedEdges:
-    def build() -> _LoopedEdges:
-        source, target = graph.to("cpu").edge_index().numpy()
-        kept = np.flatnonzero(source != target)
-        loops = np.arange(num_loops, dtype=np.int64)
-        new_source = np.concatenate([source[kept], loops])
-        new_target = np.concatenate([target[kept], loops])
-        order = None
-        if row_major:
-            order = np.lexsort((new_source, new_target))
-            new_source, new_target = new_source[order], new_target[order]
-        looped = Graph.from_arrays(new_source, new_target, graph.num_src_nodes, graph.num_dst_nodes).to(graph.device)
-        as_tensor = lambda array: torch.from_numpy(np.ascontiguousarray(array)).to(graph.device)
-        return _LoopedEdges(looped, as_tensor(kept), None if order is None else as_tensor(order))
-
-    return graph.cached(("gnnio.nn.self_loops", num_loops, row_major), build)
-
-
 def loop_fill(edge_attr: Tensor, target: Tensor, num_loops: int, fill_value: FillValue) -> Tensor:
     """Edge features [num_loops, *] for new self-loops, from the other edges' features (PyG's rules).
 
@@ -241,7 +222,7 @@ def with_self_loops(
     then sorted by (target, source), as PyG re-coalesces the adjacency.
     Returns the looped Adjacency and the looped edge_attr (None if not given).
     """
-    looped = _looped_edges(adjacency.graph, num_loops, row_major=adjacency.is_sparse)
+    looped = replaced_self_loops(adjacency.graph, num_loops, row_major=adjacency.is_sparse)
 
     def carry(per_edge: Optional[Tensor]) -> Optional[Tensor]:
         if per_edge is None:
@@ -252,36 +233,3 @@ def with_self_loops(
         return joined if looped.order is None else joined.index_select(0, looped.order)
 
     return Adjacency(looped.graph, carry(adjacency.values), adjacency.layout), carry(edge_attr)
-
-
-def appended_self_loops(graph: Graph, num_loops: int) -> Graph:
-    """`graph` with (i, i) appended for i < num_loops, existing loops kept.
-
-    This is PyG's ``add_self_loops`` as GCN applies it to a sparse adjacency.
-    Edge ids: the original edges, then the new loops.
-    """
-
-    def build() -> Graph:
-        source, target = graph.to("cpu").edge_index().numpy()
-        loops = np.arange(num_loops, dtype=np.int64)
-        return Graph.from_arrays(
-            np.concatenate([source, loops]), np.concatenate([target, loops]), graph.num_src_nodes, graph.num_dst_nodes
-        ).to(graph.device)
-
-    return graph.cached(("gnnio.nn.appended_self_loops", num_loops), build)
-
-
-def edge_messages_graph(graph: Graph) -> Graph:
-    """A graph with one source per edge of `graph`: edge e becomes (e -> target of e).
-
-    Aggregating per-edge messages [E, F] over it reduces each target's in-edges,
-    which is how weighted max/min (a sparse adjacency's values times the
-    features) is computed with the plain aggregation op.
-    """
-
-    def build() -> Graph:
-        _, target = graph.to("cpu").edge_index().numpy()
-        edge_ids = np.arange(graph.num_edges, dtype=np.int64)
-        return Graph.from_arrays(edge_ids, target, graph.num_edges, graph.num_dst_nodes).to(graph.device)
-
-    return graph.cached("gnnio.nn.edge_messages", build)

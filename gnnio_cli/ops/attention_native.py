@@ -42,6 +42,7 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.schedule import MIN_TILE_EDGES, row_order, row_schedule
 from gnnio_cli.ops import dispatch
 from gnnio_cli.ops.dense import bias_gradient
 
@@ -54,17 +55,6 @@ NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The widest head whose output bias gradient attention_row_dots sums as it reads grad_out (one
 # channel per lane); wider heads take ops.dense.bias_gradient's pass of their own.
 MAX_ROW_DOTS_BIAS = 32
-
-# A row longer than this many in-edges is split into tiles no matter the graph.
-MIN_TILE_EDGES = 128
-# Rows of about this many times the average degree stay whole.
-TILE_AVERAGE_FACTOR = 4
-# At most about this many tiles for the longest row, so merging its partial
-# states stays cheap next to the first pass even for in-degrees in the millions.
-# rmat20 with a target of in-degree 2,000,000 (H100, `compare --schedules`,
-# GATv2 fwd / fwd+bwd): tiles of 512 (4096 per row) 4.95 / 18.1 ms, of 2048
-# 3.95 / 15.3 ms; rows below 131,072 in-edges are not affected.
-MAX_TILES_PER_ROW = 1024
 
 # The edge-balanced forward's name: a `compare --schedules` candidate besides
 # the tile lengths, and forced_schedule's, but never the graph's choice. The
@@ -97,93 +87,6 @@ def supports(*tensors: Optional[torch.Tensor], channels: Optional[int] = None, r
 
 
 # --------------------------------------------------------------- schedule
-@dataclass(frozen=True)
-class RowSchedule:
-    """Which rows of one compressed side (CSR or CSC) are split, and where (common.cuh's RowSchedule).
-
-    tile_row       int64 [T]      the heavy row of each tile
-    tile_start     int64 [T]      the tile's first slot
-    heavy_rows     int64 [R]      rows with more than tile_edges slots, longest first (ties by row)
-    heavy_tile_ptr int64 [R + 1]  tiles of heavy_rows[i] are heavy_tile_ptr[i] .. heavy_tile_ptr[i + 1]
-    """
-
-    tile_edges: int
-    tile_row: torch.Tensor
-    tile_start: torch.Tensor
-    heavy_rows: torch.Tensor
-    heavy_tile_ptr: torch.Tensor
-
-    @property
-    def name(self) -> str:
-        heavy = self.heavy_rows.numel()
-        return "node-parallel" if heavy == 0 else f"node-parallel+split({heavy} rows > {self.tile_edges})"
-
-    def args(self) -> tuple:
-        return self.tile_row, self.tile_start, self.heavy_rows, self.heavy_tile_ptr, self.tile_edges
-
-
-def choose_tile_edges(indptr: torch.Tensor) -> int:
-    """Tile length for a side with this indptr: ordinary rows stay whole, super nodes get <= MAX_TILES_PER_ROW tiles."""
-    rows = indptr.numel() - 1
-    if rows <= 0:
-        return MIN_TILE_EDGES
-    degree = indptr.diff()
-    average = float(indptr[-1]) / rows
-    longest = int(degree.max())
-    tile = max(MIN_TILE_EDGES, TILE_AVERAGE_FACTOR * average, math.ceil(longest / MAX_TILES_PER_ROW))
-    return int(math.ceil(tile / 32) * 32)
-
-
-def build_row_schedule(indptr: torch.Tensor, tile_edges: int) -> RowSchedule:
-    """Cut every row of `indptr` longer than `tile_edges` into tiles of `tile_edges` slots (last one shorter).
-
-    The heavy rows come longest first (ties by row): the passes that finish the heavy rows take one
-    block per heavy row in this order, so the longest, whose loads wait on each other round after round,
-    start at once and the short ones fill in beside them; the first passes take the tiles in this order
-    too. H100, rmat20, AGNN fwd+bwd (run 165): the target pass's tile finish 155.6 -> 143.3 us.
-    """
-    degree = indptr.diff()
-    heavy = torch.nonzero(degree > tile_edges).flatten()
-    heavy_rows = heavy[torch.sort(degree[heavy], descending=True, stable=True).indices]
-    tiles_per_row = (degree[heavy_rows] + tile_edges - 1) // tile_edges
-    heavy_tile_ptr = torch.zeros(heavy_rows.numel() + 1, dtype=torch.int64, device=indptr.device)
-    torch.cumsum(tiles_per_row, 0, out=heavy_tile_ptr[1:])
-    num_tiles = int(heavy_tile_ptr[-1])
-    tile_row = torch.repeat_interleave(heavy_rows, tiles_per_row, output_size=num_tiles)
-    first_tile = torch.repeat_interleave(heavy_tile_ptr[:-1], tiles_per_row, output_size=num_tiles)
-    position = torch.arange(num_tiles, device=indptr.device) - first_tile
-    tile_start = indptr[tile_row] + position * tile_edges
-    return RowSchedule(tile_edges, tile_row, tile_start, heavy_rows, heavy_tile_ptr)
-
-
-@dataclass(frozen=True)
-class RowOrder:
-    """The light rows of one side (at most tile_edges slots) in the order the kernels take them.
-
-    with_bounds int64 [L, 3]  (row, first slot, end slot): the non-empty light rows by descending degree
-                              (ties by row), then the empty rows; a row's bounds come in one round of
-                              loads with its id, not after it
-    num_busy    int           how many of them are non-empty
-    """
-
-    with_bounds: torch.Tensor
-    num_busy: int
-
-    def args(self) -> tuple:
-        return self.with_bounds, self.num_busy
-
-
-def build_row_order(indptr: torch.Tensor, tile_edges: int) -> RowOrder:
-    """Light rows of `indptr` (degree <= tile_edges), longest first, then the empty ones."""
-    degree = indptr.diff()
-    light = torch.nonzero(degree <= tile_edges).flatten()
-    light_degree = degree[light]
-    order = torch.sort(light_degree, descending=True, stable=True).indices
-    rows = light[order]
-    with_bounds = torch.stack([rows, indptr[rows], indptr[rows + 1]], dim=1).contiguous()
-    return RowOrder(with_bounds, int((light_degree > 0).sum()))
-
-
 _forced = threading.local()
 
 Schedule = Union[None, int, str]  # None: the graph's choice; a tile length (fused); EDGE_BALANCED
@@ -208,7 +111,7 @@ def forced_schedule(schedule: Schedule) -> Iterator[None]:
 
 def schedule_candidates(graph: Graph) -> list[Schedule]:
     """Schedules worth timing on `graph`: the chosen one (None), fixed tile lengths, no split, edge-balanced."""
-    longest = int(graph.in_degree.max()) if graph.num_edges else 0
+    longest = graph.facts.csr.max_degree
     fixed = [size for size in (128, 512, 2048) if size < longest]
     return [None, *fixed, max(longest, MIN_TILE_EDGES), EDGE_BALANCED]
 
@@ -266,7 +169,9 @@ def hinted_indices(graph: Graph, side: str, row_bytes: int) -> Optional[torch.Te
     if share <= 0.0 or nodes >= 2**31 or indices.numel() == 0 or not indices.is_cuda:
         return None
     l2_bytes = dispatch.cuda_properties(indices.device).L2_cache_size
-    hot = min(nodes, int(share * l2_bytes) // max(row_bytes, 1))
+    hot = int(share * l2_bytes) // max(row_bytes, 1)
+    if hot >= nodes:  # every node's rows fit: none is read rarely enough to mark
+        return None
 
     return graph.cached(("attention_hinted_indices", side, hot), lambda: mark_rarely_read(indices, nodes, hot))
 
@@ -274,27 +179,13 @@ def hinted_indices(graph: Graph, side: str, row_bytes: int) -> Optional[torch.Te
 def mark_rarely_read(indices: torch.Tensor, nodes: int, hot: int) -> torch.Tensor:
     """int32 copy of `indices` (ids below 2^31) with bit 31 set on every slot whose node is not among the
     `hot` nodes that the most slots name (ties broken by torch.topk)."""
-    reads = torch.bincount(indices, minlength=nodes)
+    reads = torch.zeros(nodes, dtype=torch.int32, device=indices.device).index_add_(
+        0, indices, torch.ones_like(indices, dtype=torch.int32))
     rare = torch.ones(nodes, dtype=torch.bool, device=indices.device)
     if hot > 0:
         rare[torch.topk(reads, min(hot, nodes), sorted=False).indices] = False
     ids = indices.to(torch.int32)
     return torch.where(rare[indices], ids | torch.iinfo(torch.int32).min, ids)
-
-
-def row_schedule(graph: Graph, side: str, tile_edges: Optional[int] = None) -> RowSchedule:
-    """The cached schedule of the graph's 'csr' (target rows) or 'csc' (source rows); tile_edges None = chosen."""
-    indptr = graph.csr_indptr if side == "csr" else graph.csc_indptr
-    if tile_edges is None:
-        tile_edges = graph.cached(("attention_tile_edges", side), lambda: choose_tile_edges(indptr))
-    return graph.cached(("attention_schedule", side, tile_edges), lambda: build_row_schedule(indptr, tile_edges))
-
-
-def row_order(graph: Graph, side: str, schedule: RowSchedule) -> RowOrder:
-    """The cached order of the light rows of the graph's 'csr' or 'csc' under `schedule`."""
-    indptr = graph.csr_indptr if side == "csr" else graph.csc_indptr
-    tile_edges = schedule.tile_edges
-    return graph.cached(("attention_row_order", side, tile_edges), lambda: build_row_order(indptr, tile_edges))
 
 
 # ----------------------------------------------------------------- autograd

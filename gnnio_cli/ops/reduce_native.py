@@ -15,7 +15,7 @@ lanes of its own, so a warp scans several rows at once; rows in row order)
 and ``subwarp-sorted`` (the same, light rows by descending degree so the
 rows sharing a warp are about as long). All give the same outputs and masks,
 bit for bit. Where several can run they are timed on the first call per
-(graph, dtype, width) and the fastest kept; ``GNNIO_EXTREMUM_KERNEL`` forces
+(shape class, dtype, width) and the fastest kept (ops.tuning); ``GNNIO_EXTREMUM_KERNEL`` forces
 one where the input allows it. The recorded implementation names the
 schedule, with the subwarp kernel's name in it when one ran.
 
@@ -33,8 +33,9 @@ import torch
 
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch, spmm_native
-from gnnio_cli.ops.attention_native import row_order, row_schedule
+from gnnio_cli.graph.schedule import row_order, row_schedule
 from gnnio_cli.ops.segment import slot_of_eid
+from gnnio_cli.ops.tuning import choose_kernel, shape_class
 
 supports = spmm_native.supports
 
@@ -105,11 +106,11 @@ def _run_forward(
 
 def extremum_kernel(graph: Graph, x: torch.Tensor, is_min: bool) -> str:
     """The forward kernel for this input: forced by GNNIO_EXTREMUM_KERNEL, else the faster candidate (timed once
-    per graph, dtype and width; 'warp' inside CUDA graph capture, where nothing can be timed)."""
+    per shape class, dtype and width: ops.tuning; 'warp' inside CUDA graph capture, where nothing can be timed)."""
     candidates = extremum_candidates(graph, x)
-    return spmm_native.choose_kernel(
+    return choose_kernel(
         candidates, variable="GNNIO_EXTREMUM_KERNEL", names=EXTREMUM_KERNELS, fallback="warp",
-        chosen=graph.cached("extremum_kernel_choice", dict), key=(x.dtype, x.shape[1], candidates),
+        key=("extremum", *shape_class(graph.facts.csr), x.dtype, x.shape[1], x.device, candidates),
         run=lambda kernel: _run_forward(kernel, graph, x, is_min),
     )  # fmt: skip
 

@@ -11,14 +11,13 @@ below (any device, autograd, fp32 accumulation for 16-bit inputs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.loops import last_loop_eid, replaced_self_loops, without_self_loops
 from gnnio_cli.ops import dispatch, spmm_native
 from gnnio_cli.ops.segment import (
     accumulation_dtype,
@@ -162,14 +161,14 @@ def _gcn_norm_reference(
     if edge_weight is not None:
         edge_weight = edge_weight.to(compute)
     if add_self_loops:
-        loops = _remaining_self_loops(graph)
+        loops = replaced_self_loops(graph, graph.num_nodes)
         out_graph = loops.graph
         if edge_weight is None:
             weights = torch.ones(out_graph.num_edges, dtype=compute, device=graph.device)
         else:
-            fill = torch.full_like(loops.existing_loop_eid, 2.0 if improved else 1.0, dtype=compute)
-            had_loop = loops.existing_loop_eid >= 0
-            loop_weights = torch.where(had_loop, edge_weight[loops.existing_loop_eid.clamp(min=0)], fill)
+            existing = last_loop_eid(graph)
+            fill = torch.full_like(existing, 2.0 if improved else 1.0, dtype=compute)
+            loop_weights = torch.where(existing >= 0, edge_weight[existing.clamp(min=0)], fill)
             weights = torch.cat([edge_weight[loops.kept_eid], loop_weights])
     else:
         out_graph = graph
@@ -179,59 +178,3 @@ def _gcn_norm_reference(
     inv_sqrt = degree.pow(-0.5)
     inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
     return out_graph, (inv_sqrt[source] * weights * inv_sqrt[target]).to(dtype)
-
-
-@dataclass(frozen=True)
-class _SelfLooped:
-    """A graph with its self-loops replaced by one loop per node, and how its edges map back.
-
-    graph:             the non-loop edges in original order, then (i, i) for every node i
-    kept_eid:          int64 [E - loops]: original eid of each non-loop edge, in order
-    existing_loop_eid: int64 [N]: eid of node i's last self-loop in the original graph, or -1
-    """
-
-    graph: Graph
-    kept_eid: torch.Tensor
-    existing_loop_eid: torch.Tensor
-
-
-def _remaining_self_loops(graph: Graph) -> _SelfLooped:
-    """Cached on the graph: the structure is the same for every weighting."""
-
-    def build() -> _SelfLooped:
-        num_nodes = graph.num_nodes
-        source, target = graph.edge_index()
-        is_loop = source == target
-        kept_eid = torch.nonzero(~is_loop).flatten()
-        loop_eid = torch.nonzero(is_loop).flatten()
-        existing_loop_eid = torch.full((num_nodes,), -1, dtype=torch.int64, device=graph.device)
-        existing_loop_eid = existing_loop_eid.scatter_reduce(0, source[loop_eid], loop_eid, "amax")
-        nodes = np.arange(num_nodes, dtype=np.int64)
-        looped = Graph.from_arrays(
-            np.concatenate([source[kept_eid].cpu().numpy(), nodes]),
-            np.concatenate([target[kept_eid].cpu().numpy(), nodes]),
-            num_nodes,
-            num_nodes,
-        ).to(graph.device)
-        return _SelfLooped(looped, kept_eid, existing_loop_eid)
-
-    return graph.cached("remaining_self_loops", build)
-
-
-def without_self_loops(graph: Graph) -> Graph:
-    """The graph's non-loop edges in their original order (the graph itself when it has none); cached.
-
-    Its eids follow :func:`gcn_norm`'s self-looped graph: that graph's first edges, then its loops.
-    """
-
-    def build() -> Optional[Graph]:
-        kept_eid = _remaining_self_loops(graph).kept_eid
-        if kept_eid.numel() == graph.num_edges:
-            return None  # no loops: the graph itself (not cached in itself)
-        source, target = graph.edge_index()
-        return Graph.from_arrays(
-            source[kept_eid].cpu().numpy(), target[kept_eid].cpu().numpy(), graph.num_nodes, graph.num_nodes
-        ).to(graph.device)
-
-    loop_free = graph.cached("without_self_loops", build)
-    return graph if loop_free is None else loop_free

@@ -24,11 +24,12 @@ asked for fp32 compute, was measured 0.1-0.46 off (relative) on a row of
 100k in-edges, where gnnio's kernels round once. The candidates are
 ``csr-vec`` and ``cusparse`` for fp32, ``csr-vec`` and ``csr-subwarp`` for
 16-bit inputs that fit the subwarp kernels (all three), ``csr-vec`` alone
-otherwise. Where there
-are several, all are timed on the first call per (operator side, dtype, width)
-and the faster kept (on an H100 gnnio's kernel wins on rmat20, uniform20 and
-grid1024 since its light rows come in batches, see common.cuh; inside CUDA
-graph capture, where nothing can be timed, ``csr-vec``). An operator with a
+otherwise. Where there are several, all are timed on the first call per
+(shape class of the operator side, dtype, width, device) and the fastest kept
+for the process (:mod:`gnnio_cli.ops.tuning`), so a new graph of a known
+shape (the next mini-batch) is never timed; on an H100 gnnio's kernel wins on
+rmat20, uniform20 and grid1024 since its light rows come in batches, see
+common.cuh; inside CUDA graph capture, where nothing can be timed, ``csr-vec``. An operator with a
 diagonal (GCN's self-loops) has no ``cusparse`` candidate.
 ``GNNIO_SPMM_KERNEL`` (any of the names above) forces the choice among an
 input's candidates; a forced kernel that cannot take the input gives
@@ -49,8 +50,10 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.loops import without_self_loops
 from gnnio_cli.ops import dispatch
-from gnnio_cli.ops.attention_native import RowOrder, RowSchedule, row_order, row_schedule
+from gnnio_cli.ops.tuning import choose_kernel, shape_class
+from gnnio_cli.graph.schedule import RowOrder, RowSchedule, row_order, row_schedule
 
 NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 KERNELS = ("csr-vec", "csr-subwarp", "csr-subwarp-sorted", "cusparse")
@@ -58,8 +61,6 @@ SUBWARP_KERNELS = ("csr-subwarp", "csr-subwarp-sorted")
 # The subwarp kernels' bounds (native/spmm.cu, native/reduce.cu): 8 features per 128-bit load, at most 16 lanes per row.
 SUBWARP_VEC = 8
 SUBWARP_MAX_WIDTH = 128
-# Calls timed per kernel when choosing (after one warm-up call each).
-TUNING_CALLS = 3
 
 
 def supports(x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None) -> bool:
@@ -67,44 +68,6 @@ def supports(x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None) -> boo
     if not (x.is_cuda and x.dtype in NATIVE_DTYPES):
         return False
     return edge_weight is None or (edge_weight.is_cuda and not edge_weight.requires_grad)
-
-
-def fastest(candidates: tuple[str, ...], run: Callable[[str], object]) -> str:
-    """The candidate whose `run(name)` takes least GPU time (CUDA events, after one warm-up call each)."""
-    timings = {}
-    for kernel in candidates:
-        run(kernel)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(TUNING_CALLS):
-            run(kernel)
-        end.record()
-        end.synchronize()
-        timings[kernel] = start.elapsed_time(end)
-    return min(timings, key=timings.get)
-
-
-def choose_kernel(candidates: tuple[str, ...], *, variable: str, names: tuple[str, ...], fallback: str, chosen: dict,
-                  key, run: Callable[[str], object]) -> str:
-    """One input's kernel among `candidates` (its first is `fallback`, which takes every input).
-
-    The environment `variable` (one of `names`) forces a kernel; one that cannot
-    take the input gives `fallback`. Otherwise the only candidate, or the fastest
-    by :func:`fastest`, timed on the first call per `key` and kept in `chosen`
-    (`fallback` inside CUDA graph capture, where nothing can be timed).
-    """
-    forced = os.environ.get(variable)
-    if forced:
-        if forced not in names:
-            raise GnnioError(f"{variable} must be one of {', '.join(names)}, got '{forced}'")
-        return forced if forced in candidates else fallback
-    if len(candidates) == 1:
-        return candidates[0]
-    if key not in chosen:
-        if torch.cuda.is_current_stream_capturing():
-            return fallback
-        chosen[key] = fastest(candidates, run)
-    return chosen[key]
 
 
 def kernel_candidates(x: torch.Tensor) -> tuple[str, ...]:
@@ -147,7 +110,7 @@ class OperatorSide:
     num_rows: int
     schedule: RowSchedule
     light_rows: Callable[[], RowOrder]  # the light rows by descending degree (cached on the graph)
-    chosen: dict = field(default_factory=dict)  # (dtype, width, candidates) -> kernel name
+    shape: tuple = ()  # the side's shape_class: the kernel choices it shares with same-shaped graphs
     cusparse_forms: dict = field(default_factory=dict)  # dtype -> _CusparseForm
     # fp32 [num_rows] when every slot of row r holds values == row_scale[r] (mean's forward): the
     # subwarp kernels' light rows then sum plainly and scale once, with no per-slot value to read
@@ -178,8 +141,8 @@ class OperatorSide:
         if self.diagonal is not None:
             candidates = tuple(kernel for kernel in candidates if kernel != "cusparse")
         return choose_kernel(
-            candidates, variable="GNNIO_SPMM_KERNEL", names=KERNELS, fallback="csr-vec", chosen=self.chosen,
-            key=(x.dtype, x.shape[1], candidates), run=lambda kernel: self._run(kernel, x),
+            candidates, variable="GNNIO_SPMM_KERNEL", names=KERNELS, fallback="csr-vec",
+            key=("spmm", *self.shape, x.dtype, x.shape[1], x.device, candidates), run=lambda kernel: self._run(kernel, x),
         )  # fmt: skip
 
     def _cusparse_form(self, dtype: torch.dtype) -> _CusparseForm:
@@ -236,12 +199,13 @@ def build_operator(
         if target_scale is not None:
             csr_values = csr_values * target_scale.index_select(0, graph.csr_rows)
             csc_values = csc_values * target_scale.index_select(0, graph.csc_indices.long())
-    # The faster kernel depends on the structure, dtype and width, not on the values: every
-    # operator over this graph shares one choice per side, so per-call edge weights never re-time.
+    # The faster kernel depends on the structure's shape, dtype and width, not on the values: every
+    # operator over graphs of one shape class shares one choice per side, so per-call edge weights
+    # and a new mini-batch graph every step never re-time.
     csr, csc = row_schedule(graph, "csr"), row_schedule(graph, "csc")
     forward = OperatorSide(
         graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, csr,
-        lambda: row_order(graph, "csr", csr), chosen=graph.cached(("spmm_kernel_choice", "csr"), dict),
+        lambda: row_order(graph, "csr", csr), shape=shape_class(graph.facts.csr),
         row_scale=(
             target_scale.to(torch.float32)
             if edge_values is None and target_scale is not None and diagonal is None
@@ -251,7 +215,7 @@ def build_operator(
     )
     backward = OperatorSide(
         graph.csc_indptr, graph.csc_indices, csc_values, graph.num_src_nodes, csc,
-        lambda: row_order(graph, "csc", csc), chosen=graph.cached(("spmm_kernel_choice", "csc"), dict),
+        lambda: row_order(graph, "csc", csc), shape=shape_class(graph.facts.csc),
         diagonal=diagonal,
     )
     return SpmmOperator(forward, backward)
@@ -312,7 +276,7 @@ def gcn_propagate(
     With self-loops the operator is the graph's non-loop edges plus a diagonal (one loop per node, as
     gcn_norm adds them): gnnio's kernels read x[i] for node i's loop in row order, where a loop slot
     would gather it (on rmat20 the loops, 6% more slots, cost cuSPARSE 20% more time)."""
-    from gnnio_cli.ops.spmm import gcn_norm, without_self_loops
+    from gnnio_cli.ops.spmm import gcn_norm
 
     op = "gcn_propagate"
     if not normalize:

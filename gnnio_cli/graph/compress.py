@@ -1,0 +1,83 @@
+"""Compressed rows built with torch ops on the edges' own device (a GPU, in mini-batch training).
+
+A graph that arrives as a CUDA ``edge_index`` every step is grouped where it
+lies: a stable sort of the targets (CSR) and of the sources (CSC), and a
+binary search of each row's first slot. Nothing here reads the device; the
+sizes of everything are known from the edge count and the node counts.
+
+Derived graphs (a layer's self-loop rule: drop the loops an edge list has,
+append one per node) are grouped the same way with the dropped edges' key
+past the last row, so they sort behind every row and no row reaches them; the
+arrays are then cut to the kept length, which the base graph's facts give.
+
+Edge ids are positions in the edge list, so within each row the slots keep
+the input's edge order (the same result as the CPU's counting sort).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+INT32_MAX = 2**31 - 1
+
+
+def key_dtype(num_rows: int) -> torch.dtype:
+    """Sort keys in 32 bits while every row id (and the drop key num_rows) fits: half the radix passes."""
+    return torch.int32 if num_rows < INT32_MAX else torch.int64
+
+
+def group(keys: Tensor, num_rows: int, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Stable grouping of positions by `keys` (ids in [0, num_rows], num_rows = dropped).
+
+    Returns (indptr int64 [num_rows + 1], values in slot order, order int64: the position in each slot).
+    Slots from indptr[num_rows] on hold the dropped positions.
+    """
+    sorted_keys, order = torch.sort(keys, stable=True)
+    bounds = torch.arange(num_rows + 1, dtype=keys.dtype, device=keys.device)
+    return torch.searchsorted(sorted_keys, bounds), values.index_select(0, order), order
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """Both sides of a graph grouped on the device: (indptr, indices, eid) of the CSR and of the CSC."""
+
+    csr: tuple[Tensor, Tensor, Tensor]
+    csc: tuple[Tensor, Tensor, Tensor]
+
+
+def compress(src: Tensor, dst: Tensor, num_src: int, num_dst: int, index_dtype: torch.dtype,
+             drop: Optional[Tensor] = None, kept: Optional[int] = None, loops: int = 0) -> Compressed:
+    """The CSR (rows = targets) and CSC (rows = sources) of the edges src -> dst, on their device.
+
+    src, dst: int [E]. drop: optional bool [E], edges to leave out (`kept` of them stay, a count the
+    caller knows). loops: append the edges (i, i) for i < loops after the list. Edge ids number the kept
+    edges in list order, then the loops; indices come in `index_dtype`.
+    """
+    keys = key_dtype(max(num_src, num_dst))
+    src_key, dst_key = src.to(keys), dst.to(keys)
+    if drop is not None:
+        dst_key = torch.where(drop, num_dst, dst_key)
+        src_key = torch.where(drop, num_src, src_key)
+    if loops:
+        nodes = torch.arange(loops, dtype=keys, device=src.device)
+        src_key, dst_key = torch.cat([src_key, nodes]), torch.cat([dst_key, nodes])
+    csr_indptr, csr_indices, csr_order = group(dst_key, num_dst, src_key.to(index_dtype))
+    csc_indptr, csc_indices, csc_order = group(src_key, num_src, dst_key.to(index_dtype))
+    if drop is None:
+        return Compressed((csr_indptr, csr_indices, csr_order), (csc_indptr, csc_indices, csc_order))
+    # keep the first kept + loops slots of each side, and number the kept edges consecutively
+    size = kept + loops
+    keep = ~drop if not loops else torch.cat([~drop, drop.new_ones(loops)])
+    compact_id = torch.cumsum(keep, 0) - 1
+    csr_eid = compact_id.index_select(0, csr_order[:size])
+    csc_eid = compact_id.index_select(0, csc_order[:size])
+    return Compressed((csr_indptr, csr_indices[:size], csr_eid), (csc_indptr, csc_indices[:size], csc_eid))
+
+
+def kept_positions(drop: Tensor, kept: int) -> Tensor:
+    """int64 [kept]: the positions of the edges `drop` leaves, in order (a stable sort: no read)."""
+    return torch.sort(drop.to(torch.uint8), stable=True).indices[:kept]

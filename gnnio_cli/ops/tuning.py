@@ -1,0 +1,72 @@
+"""Choosing among kernels that compute the same result: by rule where one is known, else timed once per shape.
+
+Some ops have several native kernels that give the same numbers (the SpMM
+family's ``csr-vec``, ``csr-subwarp``, ``cusparse``; max/min's ``warp`` and
+``subwarp`` kernels). Which is faster depends on the graph's shape, the dtype
+and the width, not on the values. :func:`choose_kernel` times the candidates on
+the first input of each *shape class* (:func:`shape_class`: the sizes' orders
+of magnitude, the tile length and whether rows are split) and keeps the winner
+for the process, keyed by (op, shape class, dtype, width, device): a fixed
+graph is timed once, as before, and a mini-batch loop, whose graphs all fall
+into one or two classes, is timed on its first batch only, never again.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+
+from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph.schedule import RowFacts
+
+# Calls timed per kernel when choosing (after one warm-up call each).
+TUNING_CALLS = 3
+
+# (op, shape class, dtype, width, device, candidates) -> the kernel that won
+_CHOSEN: dict = {}
+
+
+def shape_class(facts: RowFacts) -> tuple:
+    """The orders of magnitude of a side's rows and slots, its tile length and whether any row is split."""
+    return (facts.num_rows.bit_length(), facts.num_slots.bit_length(), facts.tile_edges, facts.heavy_rows > 0)
+
+
+def fastest(candidates: tuple[str, ...], run: Callable[[str], object]) -> str:
+    """The candidate whose `run(name)` takes least GPU time (CUDA events, after one warm-up call each)."""
+    timings = {}
+    for kernel in candidates:
+        run(kernel)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(TUNING_CALLS):
+            run(kernel)
+        end.record()
+        end.synchronize()
+        timings[kernel] = start.elapsed_time(end)
+    return min(timings, key=timings.get)
+
+
+def choose_kernel(candidates: tuple[str, ...], *, variable: str, names: tuple[str, ...], fallback: str, key,
+                  run: Callable[[str], object], chosen: dict = _CHOSEN) -> str:
+    """One input's kernel among `candidates` (its first is `fallback`, which takes every input).
+
+    The environment `variable` (one of `names`) forces a kernel, for debugging; one that cannot take the
+    input gives `fallback`. Otherwise the only candidate, or the fastest by :func:`fastest`, timed on the
+    first call per `key` (which names the op, the shape class, dtype, width, device and candidates) and
+    kept in `chosen` (`fallback` inside CUDA graph capture, where nothing can be timed).
+    """
+    forced = os.environ.get(variable)
+    if forced:
+        if forced not in names:
+            raise GnnioError(f"{variable} must be one of {', '.join(names)}, got '{forced}'")
+        return forced if forced in candidates else fallback
+    if len(candidates) == 1:
+        return candidates[0]
+    found = chosen.get(key)
+    if found is None:
+        if torch.cuda.is_current_stream_capturing():
+            return fallback
+        found = chosen[key] = fastest(candidates, run)
+    return found
