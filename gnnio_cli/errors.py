@@ -6,8 +6,11 @@ without a traceback (unless ``--verbose``) and exits with status 1.
 """
 
 
-class GnnioError(Exception):
-    """An error caused by the user's input or environment, not a bug."""
+class GnnioError(ValueError):
+    """An error caused by the user's input or environment, not a bug.
+
+    A ValueError, as the errors PyG raises for the same mistakes are, so code
+    written for PyG's layers (``except ValueError``) catches gnnio's too."""
 
 
 class InputFormatError(GnnioError):

@@ -30,19 +30,30 @@ def _split(ctx, param, value):
                    "fixed tile lengths for split rows, no split) so the choice can be checked. Needs a GPU.")
 @options.workload_options
 @options.timing_options
+@options.minibatch_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 def command(layers, graph, against, scope, reorders, schedules, features, heads, dtype, device, backward, repeat,
-            warmup, seed, as_json):
+            warmup, seed, batch_size, fanout, classes, steps, rounds, as_json):
     """Compare gnnio with the reference, cuSPARSE and PyG on one graph, in one process.
 
     For each layer: forward and forward+backward time, peak memory, the ratio
     to the byte floor (at the copy bandwidth measured in this run), gnnio's
     speedup over each, and the largest error relative to gnnio's output.
+
+    With --batch-size and --fanout, mini-batch training steps of each layer's
+    model against PyG's (see `gnnio run --help`).
     """
     from gnnio_cli.bench import report
     from gnnio_cli.bench.workloads import LAYERS
     from gnnio_cli.errors import GnnioError
 
+    if options.check_minibatch(batch_size, fanout):
+        from gnnio_cli.cli.run import show_minibatch
+
+        wanted = [target for target in against if target in ("pyg",)] or ["pyg"]
+        show_minibatch(layers, graph, fanout, batch_size, features, classes, heads, device, wanted, warmup, steps,
+                       rounds, seed, as_json)
+        return
     for layer in layers:
         if layer not in LAYERS:
             raise GnnioError(f"--layer {layer}: unknown layer; choose from {', '.join(LAYERS)}")

@@ -43,3 +43,43 @@ def timing_options(fn):
     ):
         fn = decorator(fn)
     return fn
+
+
+def _fanout(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        fanout = [int(item) for item in value.split(",") if item.strip()]
+    except ValueError:
+        raise click.BadParameter(f"give comma-separated integers such as 15,10, got {value!r}") from None
+    if not fanout or any(k == 0 or k < -1 for k in fanout):
+        raise click.BadParameter(f"each fan-out must be positive or -1 (all neighbours), got {value!r}")
+    return fanout
+
+
+def minibatch_options(fn):
+    """Mini-batch mode of `run` and `compare`: a new sampled subgraph every training step."""
+    for decorator in reversed(
+        [
+            click.option("--batch-size", type=int, default=None,
+                         help="Mini-batch mode: seed nodes per batch (with --fanout); a model of one layer per hop "
+                              "is trained on batches from gnnio's neighbour loader."),
+            click.option("--fanout", callback=_fanout, default=None,
+                         help="Mini-batch mode: neighbours sampled per hop, e.g. 15,10 (-1: all); 1 to 3 hops."),
+            click.option("--classes", default=16, show_default=True, type=click.IntRange(2),
+                         help="Mini-batch mode: output classes of the last layer."),
+            click.option("--steps", default=20, show_default=True, type=click.IntRange(1),
+                         help="Mini-batch mode: training steps per timed run."),
+            click.option("--rounds", default=5, show_default=True, type=click.IntRange(1),
+                         help="Mini-batch mode: timed runs (the median is reported)."),
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+def check_minibatch(batch_size, fanout) -> bool:
+    """Whether the mini-batch options ask for mini-batch mode (both or neither must be given)."""
+    if (batch_size is None) != (fanout is None):
+        raise click.UsageError("mini-batch mode needs both --batch-size and --fanout")
+    return batch_size is not None

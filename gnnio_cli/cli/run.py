@@ -18,15 +18,29 @@ from gnnio_cli.cli.output import emit_json, key_value_table, stdout, table
 @options.timing_options
 @click.option("--profile", is_flag=True,
               help="Also run one more step under torch.profiler and list its costliest kernels.")
+@options.minibatch_options
+@click.option("--against", default="", help="Mini-batch mode: also time PyG's layers with the same weights (pyg).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def command(layer, graph, features, heads, dtype, device, backend, aggregation_only, backward, repeat, warmup, seed, profile, as_json):
+def command(layer, graph, features, heads, dtype, device, backend, aggregation_only, backward, repeat, warmup, seed, profile,
+            batch_size, fanout, classes, steps, rounds, against, as_json):
     """Run LAYER on a graph with seeded random weights and features.
 
     Prints forward and forward+backward time (median, min, max over --repeat
     calls after --warmup), peak memory, the graph, the device and the backend
     and kernels that actually ran. Without --graph, the bundled Cora sample.
+
+    With --batch-size and --fanout (mini-batch mode), trains a model of one
+    LAYER per hop (gat, gatv2, transformer, sage-mean, gcn) on batches sampled
+    by gnnio's loader and prints the time per step: sampling, gnnio on each
+    batch's edge_index and on the loader's graph, the compute alone, and PyG
+    with --against pyg.
     """
     from gnnio_cli.bench import report
+
+    if options.check_minibatch(batch_size, fanout):
+        show_minibatch([layer], graph, fanout, batch_size, features, classes, heads, device, against, warmup, steps,
+                       rounds, seed, as_json)
+        return
 
     result = report.run_layer(
         layer=layer, graph_spec=graph, features=features, heads=heads, dtype=dtype, device=device,
@@ -44,3 +58,34 @@ def command(layer, graph, features, heads, dtype, device, backend, aggregation_o
         profiled = result["profile"]
         title = f"Where one {profiled['step']} step's time goes ({profiled['device']}, {profiled['device_total_ms']:.2f} ms in all)"
         stdout.print(table(title, PROFILE_COLUMNS, profile_rows(profiled)))
+
+
+def show_minibatch(layers, graph, fanout, batch_size, features, classes, heads, device, against, warmup, steps, rounds,
+                   seed, as_json) -> None:
+    """Run and print mini-batch mode for each of `layers` (shared by `run` and `compare`)."""
+    from gnnio_cli.bench import minibatch
+    from gnnio_cli.cli.output import note
+
+    against = [item.strip() for item in against.split(",") if item.strip()] if isinstance(against, str) else against
+    documents = []
+    for layer in layers:
+        documents.append(minibatch.run_minibatch(
+            model=layer, graph_spec=graph, fanout=fanout, batch_size=batch_size, features=features, hidden=features,
+            classes=classes, heads=heads, device=device, against=against, warmup=max(warmup, 1), steps=steps,
+            rounds=rounds, seed=seed, progress=None if as_json else note,
+        ))  # fmt: skip
+    if as_json:
+        emit_json(documents[0] if len(documents) == 1 else {"command": "compare", "mode": "mini-batch",
+                                                            "results": documents})
+        return
+    for document in documents:
+        info, batches, settings = document["graph"], document["batches"], document["settings"]
+        stdout.print(key_value_table(f"gnnio mini-batch: {document['layers']}-layer {document['model']}", [
+            ("graph", f"{info['name']} ({info['num_nodes']:,} nodes, {info['num_edges']:,} edges)"),
+            ("batches", f"{settings['batch_size']:,} seeds, fan-out {','.join(map(str, settings['fanout']))}: "
+                        f"{batches['mean_nodes']:,.0f} nodes, {batches['mean_edges']:,.0f} edges on average"),
+            ("device", f"{document['environment']['device']} ({document['environment']['device_name']})"),
+            ("structure share of a step", document["summary"]["structure_share_loader_graph"]),
+        ]))
+        stdout.print(table("Time per training step (sampling: per batch)", minibatch.MINIBATCH_COLUMNS,
+                           minibatch.minibatch_rows(document)))

@@ -124,7 +124,7 @@ class Graph:
             if measured.id_ranges is not None:
                 _check_ids(*measured.id_ranges, num_src, num_dst)
             graph._cache["facts"] = measured.facts
-        graph._cache["edge_index"] = edge_index.to(torch.int64)
+        graph._cache["edge_index"] = edge_index.to(torch.int64, copy=True)  # the ids as given, never aliased
         return graph
 
     @staticmethod

@@ -141,18 +141,27 @@ def _derived(graph: Graph, source: Tensor, target: Tensor, drop: Optional[Tensor
     loops (i, i) for i < num_loops, which has `self_loops` loops in all; with `facts` where they are known,
     else counted (one read on a GPU)."""
     num_src = graph.num_src_nodes if num_src is None else num_src
-    num_dst = graph.num_dst_nodes
-    if graph.device.type == "cpu":
-        keep = slice(None) if drop is None else ~drop
-        loops = np.arange(num_loops, dtype=np.int64)
-        derived = Graph.from_arrays(np.concatenate([source[keep].numpy(), loops]),
-                                    np.concatenate([target[keep].numpy(), loops]), num_src, num_dst)
-        if facts is not None:
-            derived._cache["facts"] = facts
-        return derived
-    parts = compress(source, target, num_src, num_dst, index_dtype(max(num_src, num_dst)), drop, kept, num_loops)
-    derived = Graph._wrap(parts, num_src, num_dst, facts=facts)
-    if facts is None:
-        counted = measure(parts.csr[0], parts.csc[0], kept + num_loops).facts
+    build = derived_on_host if graph.device.type == "cpu" else derived_on_device
+    derived = build(source, target, drop, kept, num_loops, num_src, graph.num_dst_nodes)
+    if facts is not None:
+        derived._cache["facts"] = facts
+    elif derived.device.type != "cpu":
+        counted = measure(derived.csr_indptr, derived.csc_indptr, kept + num_loops).facts
         derived._cache["facts"] = replace(counted, self_loops=self_loops)
     return derived
+
+
+def derived_on_device(source: Tensor, target: Tensor, drop: Optional[Tensor], kept: int, num_loops: int,
+                      num_src: int, num_dst: int) -> Graph:
+    """:func:`_derived`'s graph grouped with device sorts (graph.compress), on the edges' device."""
+    parts = compress(source, target, num_src, num_dst, index_dtype(max(num_src, num_dst)), drop, kept, num_loops)
+    return Graph._wrap(parts, num_src, num_dst)
+
+
+def derived_on_host(source: Tensor, target: Tensor, drop: Optional[Tensor], kept: int, num_loops: int,
+                    num_src: int, num_dst: int) -> Graph:
+    """:func:`_derived`'s graph grouped by graph.build's counting sorts (CPU tensors)."""
+    keep = slice(None) if drop is None else ~drop
+    loops = np.arange(num_loops, dtype=np.int64)
+    return Graph.from_arrays(np.concatenate([source[keep].numpy(), loops]),
+                             np.concatenate([target[keep].numpy(), loops]), num_src, num_dst)
