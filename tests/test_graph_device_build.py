@@ -110,7 +110,8 @@ def test_row_plan_orders_rows_longest_first(name):
     for tile_index, row in enumerate(schedule.tile_row.tolist()):
         start = int(schedule.tile_start[tile_index])
         assert graph.csr_indptr[row] <= start < graph.csr_indptr[row + 1]
-    again = build_row_plan(graph.csr_indptr, tile, len(heavy), schedule.tile_row.numel(), graph.facts.csr.nonempty_rows)
+    again = build_row_plan(graph.csr_indptr, tile, len(heavy), schedule.tile_row.numel(),
+                           graph.facts.csr.nonempty_rows, 2**40)  # 64-bit sort keys: the same order
     assert torch.equal(again[1].with_bounds, order.with_bounds)
 
 
@@ -139,7 +140,8 @@ def test_replaced_self_loops_on_the_device(name, row_major, device, monkeypatch)
     assert (dev.order is None) == (host.order is None)
     if host.order is not None:
         assert torch.equal(dev.order.cpu(), host.order)
-    assert dev.graph.facts == host.graph.facts
+    facts, expected = dev.graph.facts, host.graph.facts
+    assert (facts.csr, facts.csc, facts.self_loops) == (expected.csr, expected.csc, expected.self_loops)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -224,3 +226,74 @@ def test_layers_under_inference_mode_and_no_grad(device):
         layer.train()
         out = layer(x, edge_inf)
         out.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["small", "loop-free", "hub", "bipartite", "empty"])
+def test_loops_appended_without_a_sort(name, device):
+    """graph.loops' sort-free append (each slot moves down by the loops above it) equals grouping again."""
+    graph = _graphs()[name]
+    num_loops = min(graph.num_src_nodes, graph.num_dst_nodes)
+    host = graph_loops.appended_self_loops(graph, num_loops)
+    moved = graph.to(device) if device != "cpu" else graph
+    if device == "cpu":  # the device branch, on CPU tensors
+        dev = graph_loops._appended(moved, num_loops, host.facts.self_loops)
+    else:
+        dev = graph_loops.appended_self_loops(moved, num_loops)
+    assert_same_graph(dev, host)
+    facts, expected = dev.facts, host.facts
+    assert (facts.csr, facts.csc, facts.self_loops) == (expected.csr, expected.csc, expected.self_loops)
+    if not graph.is_bipartite and graph.facts.self_loops == 0:
+        replaced = graph_loops.replaced_self_loops(moved, num_loops).graph
+        assert_same_graph(replaced, host)
+
+
+# ------------------------------------------------------------------ synchronisations on the GPU
+def _layers(channels: int):
+    from gnnio_cli import nn
+
+    return [nn.GCNConv(channels, channels), nn.SAGEConv(channels, channels), nn.GINConv(torch.nn.Linear(channels, channels)),
+            nn.GATConv(channels, channels // 2, heads=2), nn.GATv2Conv(channels, channels // 2, heads=2),
+            nn.TransformerConv(channels, channels // 2, heads=2), nn.AGNNConv()]
+
+
+def _synchronisations(call) -> list[str]:
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_new_graph_every_step_never_waits_for_the_gpu():
+    """Layers on a new graph whose facts are known (what gnnio's loader hands them) run forward and backward
+    without a single synchronisation, under torch.cuda.set_sync_debug_mode('error'); a new CUDA edge_index
+    costs exactly one: the read that checks its ids and counts its facts."""
+    generator = torch.Generator().manual_seed(7)
+    channels, nodes = 32, 500
+
+    def new_edges():  # without self-loops, as a batch from a loop-free graph (one that has them costs GAT a read)
+        source, target = torch.randint(0, nodes, (2, 4000), generator=generator)
+        return torch.stack([source, torch.where(source == target, (target + 1) % nodes, target)]).cuda()
+
+    x = torch.randn(nodes, channels, generator=generator).cuda().requires_grad_()
+    for layer in _layers(channels):
+        layer = layer.cuda()
+        layer(x, new_edges()).sum().backward()  # first calls: kernels load, choices of this graph shape are timed
+        graph = Graph.from_edge_index(new_edges(), size=(nodes, nodes))  # a batch's graph with its facts
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            layer(x, graph).sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        fresh = new_edges()
+        assert len(_synchronisations(lambda: layer(x, fresh))) == 1, type(layer).__name__

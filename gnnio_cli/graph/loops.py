@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gnnio_cli.graph.compress import compress, kept_positions
+from gnnio_cli.graph.compress import Compressed, append_loops, compress, kept_positions
 from gnnio_cli.graph.graph import Graph, index_dtype
 from gnnio_cli.graph.schedule import GraphFacts, RowFacts, base_tile_length, measure
 
@@ -67,8 +67,10 @@ def _replaced(graph: Graph, num_loops: int, row_major: bool) -> LoopedEdges:
         looped = _derived(graph, new_source.index_select(0, order), new_target.index_select(0, order), None,
                           kept + num_loops, 0, None, num_loops)
         return LoopedEdges(looped, kept_eid, order)
-    whole = loops == 0 and num_loops == graph.num_dst_nodes
-    looped = _derived(graph, source, target, drop, kept, num_loops, facts.looped if whole else None, num_loops)
+    if loops == 0 and graph.device.type != "cpu":
+        looped = _appended(graph, num_loops, num_loops)
+    else:
+        looped = _derived(graph, source, target, drop, kept, num_loops, None, num_loops)
     return LoopedEdges(looped, kept_eid, None)
 
 
@@ -77,14 +79,27 @@ def appended_self_loops(graph: Graph, num_loops: int) -> Graph:
     then the new loops. Cached on the graph."""
 
     def build() -> Graph:
+        loops = graph.facts.self_loops + num_loops if graph.facts.self_loops >= 0 else -1
+        if graph.device.type != "cpu":
+            return _appended(graph, num_loops, loops)
         source, target = graph.edge_index()
-        facts = graph.facts
-        whole = num_loops == graph.num_dst_nodes
-        loops = facts.self_loops + num_loops if facts.self_loops >= 0 else -1
-        return _derived(graph, source, target, None, graph.num_edges, num_loops, facts.looped if whole else None,
-                        loops)
+        return _derived(graph, source, target, None, graph.num_edges, num_loops, None, loops)
 
     return graph.cached(("gnnio.loops.appended", num_loops), build)
+
+
+def _appended(graph: Graph, num_loops: int, self_loops: int) -> Graph:
+    """`graph` with (i, i) appended for i < num_loops, on its device without a sort (compress.append_loops);
+    its facts follow from the graph's own where every node gains a loop, else they are counted."""
+    sides = [append_loops(graph.csr_indptr, graph.csr_indices, graph.csr_eid, min(num_loops, graph.num_dst_nodes)),
+             append_loops(graph.csc_indptr, graph.csc_indices, graph.csc_eid, min(num_loops, graph.num_src_nodes))]
+    whole = num_loops == graph.num_src_nodes == graph.num_dst_nodes
+    facts = replace(graph.facts.looped, self_loops=self_loops) if whole and graph.facts.looped else None
+    derived = Graph._wrap(Compressed(*sides), graph.num_src_nodes, graph.num_dst_nodes, facts=facts)
+    if facts is None:
+        counted = measure(derived.csr_indptr, derived.csc_indptr, derived.num_edges).facts
+        derived._cache["facts"] = replace(counted, self_loops=self_loops)
+    return derived
 
 
 def without_self_loops(graph: Graph) -> Graph:

@@ -242,8 +242,15 @@ class RowOrder:
         return self.with_bounds, self.num_busy
 
 
+def _degree_key(max_degree: int) -> torch.dtype:
+    """The narrowest sort key for degrees up to max_degree (a device radix sort makes a pass per byte)."""
+    if max_degree < 2**15:
+        return torch.int16
+    return torch.int32 if max_degree < 2**31 else torch.int64
+
+
 def build_row_plan(indptr: torch.Tensor, tile_edges: int, heavy_rows: int, tiles: int,
-                   nonempty_rows: int) -> tuple[RowSchedule, RowOrder]:
+                   nonempty_rows: int, max_degree: int) -> tuple[RowSchedule, RowOrder]:
     """The schedule and light-row order of a side whose counts at `tile_edges` are known.
 
     One stable sort of the rows by descending degree gives both: its first `heavy_rows` entries are the
@@ -251,7 +258,7 @@ def build_row_plan(indptr: torch.Tensor, tile_edges: int, heavy_rows: int, tiles
     here reads the device.
     """
     degree = indptr.diff()
-    by_degree = torch.sort(degree, descending=True, stable=True).indices
+    by_degree = torch.sort(degree.to(_degree_key(max_degree)), descending=True, stable=True).indices
     heavy = by_degree[:heavy_rows]
     light = by_degree[heavy_rows:]
     with_bounds = torch.stack([light, indptr.index_select(0, light), indptr.index_select(0, light + 1)], dim=1)
@@ -281,7 +288,7 @@ def row_plan(graph: "Graph", side: str, tile_edges: Optional[int] = None) -> tup
 
     def build() -> tuple[RowSchedule, RowOrder]:
         heavy, tiles = (facts.heavy_rows, facts.tiles) if tile == facts.tile_edges else count_heavy(indptr, tile)
-        return build_row_plan(indptr, tile, heavy, tiles, facts.nonempty_rows)
+        return build_row_plan(indptr, tile, heavy, tiles, facts.nonempty_rows, facts.max_degree)
 
     return graph.cached(("row_plan", side, tile), build)
 
