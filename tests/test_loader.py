@@ -463,11 +463,12 @@ def test_gpu_batches_equal_cpu_batches(graph, fanouts, replace):
 
 @on_gpu
 def test_gpu_batches_of_a_large_graph_equal_cpu_batches():
-    """1,024 seeds at fan-out 15, 10 of 40,000 nodes with a 20,000 in-degree hub, seeds listed twice."""
+    """Batches of 1,024 seeds at fan-out 15, 10 of 40,000 nodes with a 20,000 in-degree hub, some seeds listed
+    twice."""
     from testing import named_test_graph
 
     graph = named_test_graph("many-rows")
-    seeds = torch.cat([torch.arange(0, 40_000, 41), torch.tensor([hub_of(graph), hub_of(graph), 7, 7])])
+    seeds = torch.cat([torch.arange(0, 40_000, 19), torch.tensor([hub_of(graph), hub_of(graph), 7, 7])])
     on_cpu = NeighborLoader(graph, [15, 10], batch_size=1024, input_nodes=seeds, seed=5)
     on_gpu = NeighborLoader(graph.to("cuda"), [15, 10], batch_size=1024, input_nodes=seeds.cuda(), seed=5)
     for mine, theirs in zip(on_gpu, on_cpu, strict=True):
@@ -483,6 +484,30 @@ def test_gpu_sampling_ops_pass_opcheck(graph):
     arguments = (indptr, device_graph.csr_indices, device_graph.csr_eid, frontier, ends, int(ends[-1]), 6, False,
                  as_signed(hop_keys(1, 2, 3, 1)[0]))
     torch.library.opcheck(torch.ops.gnnio.sample_neighbors.default, arguments)
+
+
+@on_gpu
+def test_gpu_table_ops_pass_opcheck(graph):
+    """The ops that write the node table, one hop in turn: schema (only the table mutates) and fake kernels,
+    each checked on a copy of the table as it is before the op runs."""
+    ops, device_graph = torch.ops.gnnio, graph.to("cuda")
+    indptr = device_graph.csr_indptr
+    table = torch.full((graph.num_nodes,), EMPTY, dtype=torch.int64, device="cuda")
+    seeds = torch.tensor([hub_of(graph), 3, 17, 3], device="cuda")
+
+    def run(op, *arguments):
+        torch.library.opcheck(op.default, (table.clone(), *arguments), test_utils=("test_schema", "test_faketensor"))
+        return op(table, *arguments)
+
+    ends = run(ops.sample_seeds, seeds, indptr, 6, False).cumsum(0)
+    sources, _ = ops.sample_neighbors(indptr, device_graph.csr_indices, device_graph.csr_eid, seeds, ends,
+                                      int(ends[-1]), 6, False, 12345)
+    cumulative = run(ops.sample_first_seen, sources, indptr, 4, False).cumsum(1)
+    new_nodes, _ = run(ops.sample_assign, sources, cumulative, seeds.numel(), int(cumulative[0, -1]))
+    n_id = torch.cat([seeds, new_nodes])
+    local = run(ops.sample_relabel, sources, n_id)
+    assert torch.equal(n_id[local], sources)
+    assert bool((table == EMPTY).all())
 
 
 @on_gpu
