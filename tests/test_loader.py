@@ -332,6 +332,7 @@ def test_every_input_form_gives_the_same_batches(tmp_path):
     loaders = [
         NeighborLoader(Data(edge_index=edge_index, x=x, y=y, num_nodes=80), [4, 2], batch_size=16, seed=3),
         NeighborLoader((edge_index, 80), [4, 2], batch_size=16, seed=3, x=x, y=y),
+        NeighborLoader((edge_index.int().numpy(), 80), [4, 2], batch_size=16, seed=3, x=x.numpy(), y=y),
         NeighborLoader(path, [4, 2], batch_size=16, seed=3),
         NeighborLoader(graph, [4, 2], batch_size=16, seed=3, x=x, y=y),
     ]
