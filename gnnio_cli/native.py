@@ -500,6 +500,27 @@ def _register_fakes() -> None:
     def _(csr_indptr, csc_indptr, src, dst, tiles):
         return csr_indptr.new_empty(FACTS_WIDTH)
 
+    # the loader's sampling ops (native/sample.cu); the sizes the host passes fix every output's shape
+    @torch.library.register_fake("gnnio::sample_seeds")
+    def _(table, seeds, indptr, fanout, replace):
+        return torch.empty_like(seeds)
+
+    @torch.library.register_fake("gnnio::sample_neighbors")
+    def _(indptr, indices, eid, frontier, ends, num_picks, fanout, replace, key):
+        return indptr.new_empty(num_picks), indptr.new_empty(num_picks)
+
+    @torch.library.register_fake("gnnio::sample_first_seen")
+    def _(table, sources, indptr, next_fanout, replace):
+        return sources.new_empty((2, sources.shape[0]))
+
+    @torch.library.register_fake("gnnio::sample_assign")
+    def _(table, sources, cumulative, first_local, num_new):
+        return sources.new_empty(num_new), sources.new_empty(num_new)
+
+    @torch.library.register_fake("gnnio::sample_relabel")
+    def _(table, sources, n_id):
+        return torch.empty_like(sources)
+
     @torch.library.register_fake("gnnio::cusparse_spmm")
     def _(indptr, indices, values, x, num_rows, workspace):
         return x.new_empty((num_rows, x.shape[1]))

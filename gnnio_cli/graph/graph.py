@@ -231,9 +231,11 @@ class Graph:
     def facts(self) -> GraphFacts:
         """What the host knows of the rows (graph.schedule.GraphFacts), counted on first use: on the CPU for
         free, on a GPU in one read; graphs built from a GPU edge_index, by gnnio's loader or moved from the
-        CPU already have them."""
+        CPU already have them. The edge list it counts is (csr_indices, csr_rows) in the indices' dtype: the
+        native count takes sources and targets of one dtype."""
         return self.cached("facts", lambda: measure(
-            self.csr_indptr, self.csc_indptr, self.num_edges, self.csr_indices, self.csr_rows).facts)
+            self.csr_indptr, self.csc_indptr, self.num_edges, self.csr_indices,
+            self.csr_rows.to(self.csr_indices.dtype)).facts)
 
     def edge_index(self) -> torch.Tensor:
         """int64 [2, E] in original edge order (row 0 sources, row 1 targets)."""
