@@ -56,7 +56,9 @@ def _score_weight(weight: Tensor, vectors: Tensor) -> Tensor:
     `vectors` [J, H, C] and the weight W [H*C, F] of a bias-free linear: S[j*H + k] = sum_c v_j[k, c] W[k*C + c]."""
     num_vectors, heads, channels = vectors.shape
     per_head = weight.view(heads, channels, -1)
-    return torch.einsum("jhc,hcf->jhf", vectors.to(weight.dtype), per_head).reshape(num_vectors * heads, -1)
+    # a broadcast product and one sum over [J, H, C, F] (a few thousand numbers): two launches, where
+    # torch.einsum's parsing and reshapes cost a mini-batch step's host more than the arithmetic
+    return (vectors.to(weight.dtype).unsqueeze(-1) * per_head).sum(2).reshape(num_vectors * heads, -1)
 
 
 class _ProjectWithScores(torch.autograd.Function):
@@ -129,13 +131,13 @@ class _ProjectWithScores(torch.autograd.Function):
             grad_score = grad_dots.t() @ rows  # [J*H, F]
         grad_score_heads = None if grad_score is None else grad_score.view(num_vectors, heads, -1)
         if ctx.needs_input_grad[1]:
-            through_scores = torch.einsum("jhc,jhf->hcf", stacked.to(grad_score.dtype), grad_score_heads)
+            through_scores = (stacked.to(grad_score.dtype).unsqueeze(-1) * grad_score_heads.unsqueeze(2)).sum(0)
             if grad_h_weight is None:
                 grad_h_weight = grad_h.t() @ rows
             grad_weight = grad_h_weight.add_(through_scores.reshape(heads * channels, -1))
         grad_vectors = [None] * num_vectors
         if needs_vectors:
-            per_vector = torch.einsum("jhf,hcf->jhc", grad_score_heads, weight.view(heads, channels, -1))
+            per_vector = (grad_score_heads.unsqueeze(2) * weight.view(heads, channels, -1)).sum(-1)
             grad_vectors = [per_vector[j].reshape(shape) if ctx.needs_input_grad[2 + j] else None
                             for j, shape in enumerate(ctx.vector_shapes)]
         return (grad_x, grad_weight, *grad_vectors)
