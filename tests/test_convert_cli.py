@@ -213,7 +213,8 @@ def test_cli_stdin_needs_output(tmp_path):
 @pytest.mark.parametrize(
     "content,message",
     [
-        ("0 1\n2 3 4\n5\n", r"bad\.txt: line 3: expected two node ids \(source and target\): '5'"),
+        ("0 1\n2 3\n5\n", r"bad\.txt: line 3: expected two node ids \(source and target\): '5'"),
+        ("0 1\n2 3 4\n5\n", r"bad\.txt: line 2: unexpected third field \(line 1, the first edge, has two; "),
         ("0 1\n2 three\n", r"bad\.txt: line 2: node ids must be integers: '2 three'"),
         ("0 1\n-2 3\n", r"bad\.txt: line 2: node ids must be non-negative: '-2 3'"),
         ("", r"bad\.txt: no edges found \(empty file\?\)"),
