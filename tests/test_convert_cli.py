@@ -318,8 +318,11 @@ def test_h5_with_inconsistent_arrays(tmp_path):
 
 def test_damaged_cache_is_rebuilt_not_reused(tmp_path):
     path = small_cache(tmp_path)
-    path.write_bytes(b"garbage")
-    result = invoke("convert", str(tmp_path / "g.txt"), "--json")
+    path.write_bytes(b"garbage")  # nothing shows gnnio made this: it is kept unless --force
+    refused = invoke("convert", str(tmp_path / "g.txt"), "--json")
+    assert refused.exit_code == 1 and "is not a gnnio graph; add --force to replace it" in str(refused.exception)
+    assert path.read_bytes() == b"garbage"
+    result = invoke("convert", str(tmp_path / "g.txt"), "--json", "--force")
     assert json.loads(result.stdout)["cached"] is False
     assert store.load_graph(path).num_edges > 0
 
