@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gnnio_cli.cli import options
-from gnnio_cli.cli.output import emit_json, key_value_table, stdout, table
+from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, stdout, table
 
 
 def _split(ctx, param, value):
@@ -46,9 +46,10 @@ def command(layers, graph, against, scope, reorders, schedules, features, heads,
     for layer in layers:
         if layer not in LAYERS:
             raise GnnioError(f"--layer {layer}: unknown layer; choose from {', '.join(LAYERS)}")
-    result = report.compare(layers=layers, graph_spec=graph, against=against, scope=scope, features=features,
-                            heads=heads, dtype=dtype, device=device, backward=backward, repeat=repeat,
-                            warmup=warmup, seed=seed, reorders=reorders, schedules=schedules)
+    with DelayedProgress(("comparing",)):
+        result = report.compare(layers=layers, graph_spec=graph, against=against, scope=scope, features=features,
+                                heads=heads, dtype=dtype, device=device, backward=backward, repeat=repeat,
+                                warmup=warmup, seed=seed, reorders=reorders, schedules=schedules)
     if as_json:
         emit_json(result)
         return
