@@ -98,8 +98,8 @@ def main(argv=None) -> None:
         if verbose:
             raise
         _fail(f"error: {err}", 1)
-    except click.exceptions.Abort:
-        _fail("aborted", 130)
+    except click.exceptions.Abort as err:  # click's form of KeyboardInterrupt (after a newline past the ^C)
+        _fail("interrupted" if isinstance(err.__cause__, KeyboardInterrupt) else "aborted", 130)
     except _NO_ARGS_IS_HELP as err:
         err.show()  # the group's help, as written
         sys.exit(err.exit_code)

@@ -41,10 +41,10 @@ def _destinations(name: str, output_path, write_edges, force: bool) -> tuple[Pat
                                     "a gnnio graph", force)
     edges_file = None
     if write_edges:
+        if Path(write_edges).resolve() == output_file.resolve():
+            raise GnnioError(f"--write-edges {write_edges}: the same file as the graph's output; choose another name")
         edges_file = check_destination(write_edges, "--write-edges", is_gnnio_edge_list, "an edge list written by gnnio",
                                        force)
-        if edges_file.resolve() == output_file.resolve():
-            raise GnnioError(f"--write-edges {write_edges}: the same file as the graph's output; choose another name")
     return output_file, edges_file
 
 

@@ -80,6 +80,19 @@ def sweep_stale_temporaries(folder: Path) -> list[str]:
     return removed
 
 
+def check_readable(path: Path | str, kind: str) -> Path:
+    """`path` as a Path if it names an existing file this process may read, else a one-line
+    GnnioError; `kind` says what a folder is not (e.g. "an edge list")."""
+    path = Path(path)
+    if not path.exists():
+        raise GnnioError(f"{path}: no such file")
+    if path.is_dir():
+        raise GnnioError(f"{path}: is a folder, not {kind}")
+    if not os.access(path, os.R_OK):
+        raise GnnioError(f"{path}: permission denied")
+    return path
+
+
 def check_destination(
     path: Path | str, option: str, is_ours: Callable[[Path], bool], kind: str, force: bool = False
 ) -> Path:
@@ -121,6 +134,14 @@ def _sync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
+def _commit(tmp: Path, path: Path) -> None:
+    """Flush the complete temporary file, rename it over `path`, and make the rename durable."""
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _sync_folder(path.parent)
+
+
 def describe_os_error(err: OSError) -> str:
     if err.errno == errno.ENOSPC:
         return "no space left on the device"
@@ -147,10 +168,7 @@ def atomic_path(path: Path | str, what: str = "the file") -> Iterator[Path]:
         raise GnnioError(f"{path}: could not write {what}: {describe_os_error(err)}") from None
     try:
         yield tmp
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _sync_folder(folder)
+        _commit(tmp, path)
     except OSError as err:
         raise GnnioError(f"{path}: could not write {what}: {describe_os_error(err)}") from err
     finally:

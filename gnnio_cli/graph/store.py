@@ -31,7 +31,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 import h5py
@@ -40,7 +39,7 @@ import torch
 
 from gnnio_cli import __version__
 from gnnio_cli.errors import GnnioError
-from gnnio_cli.graph.files import atomic_path
+from gnnio_cli.graph.files import atomic_path, check_readable
 from gnnio_cli.graph.graph import INT32_MAX, Graph
 
 FORMAT_NAME = "gnnio-graph"
@@ -244,13 +243,7 @@ def read_header(h5: h5py.File, path) -> Header:
 
 @contextmanager
 def _open(path) -> Iterator[h5py.File]:
-    path = Path(path)
-    if not path.exists():
-        raise GnnioError(f"{path}: no such file")
-    if path.is_dir():
-        raise GnnioError(f"{path}: is a folder, not a gnnio graph")
-    if not os.access(path, os.R_OK):
-        raise GnnioError(f"{path}: permission denied")
+    path = check_readable(path, "a gnnio graph")
     try:
         h5 = h5py.File(path, "r")
     except OSError as err:

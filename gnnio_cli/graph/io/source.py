@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph.files import check_readable
 
 GZIP_MAGIC = b"\x1f\x8b"
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -27,14 +28,7 @@ UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 def check_input_file(path: str) -> Path:
     """`path` as a Path if it names an existing, readable file, else a one-line GnnioError."""
-    file = Path(path)
-    if not file.exists():
-        raise GnnioError(f"{path}: no such file")
-    if file.is_dir():
-        raise GnnioError(f"{path}: is a folder, not an edge list")
-    if not os.access(file, os.R_OK):
-        raise GnnioError(f"{path}: permission denied")
-    return file
+    return check_readable(path, "an edge list")
 
 
 @dataclass
