@@ -1,7 +1,7 @@
 """Reading edge lists from files: SNAP-style text, CSV/TSV, Matrix Market, scipy .npz.
 
 Every reader returns an :class:`EdgeList`: int64 source and target arrays
-(row 0 / row 1 of an ``edge_index``, see DESIGN.md "Direction"), the weights
+(row 0 / row 1 of an ``edge_index``: source, then target, as in PyG), the weights
 when the file gives one value per edge, and the node count the file
 declares, if it declares one (a SNAP ``# Nodes: N`` comment, the Matrix
 Market size line, the shape of a sparse matrix).
