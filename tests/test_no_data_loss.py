@@ -194,6 +194,15 @@ def test_weights_follow_mirroring_and_duplicates(tmp_path):
     assert dict(zip(pairs, stored.edge_weight.tolist())) == {(1, 0): 1.5, (0, 1): -1.5}
 
 
+def test_a_third_column_that_is_not_a_weight_can_be_dropped(tmp_path, capsys, monkeypatch):
+    (tmp_path / "messages.txt").write_text("1 2 1082040961\n1 2 1082155839\n2 3 1082414391\n")  # timestamps
+    line = one_error_line(*run_gnnio(["convert", tmp_path / "messages.txt"], capsys, monkeypatch))
+    assert "edge 1 -> 2 appears with weights 1.08204e+09 and 1.08216e+09" in line and "--weights drop" in line
+    summary = convert_json([tmp_path / "messages.txt", "--weights", "drop"], capsys, monkeypatch)
+    assert summary["weighted"] is False and summary["edges"] == 2 and summary["duplicates_removed"] == 1
+    assert store.load(tmp_path / "messages.h5").edge_weight is None
+
+
 def test_npz_values_become_weights_unless_all_ones(tmp_path):
     weighted = scipy.sparse.coo_matrix((np.array([0.5, 2.0]), ([0, 1], [1, 2])), shape=(3, 3))
     scipy.sparse.save_npz(tmp_path / "w.npz", weighted.tocsr())

@@ -35,11 +35,13 @@ def render(summary: ConversionSummary) -> None:
 @click.option("--undirected", is_flag=True, help="Add the reverse of every edge.")
 @click.option("--self-loops", type=click.Choice(["keep", "drop"]), default="keep", show_default=True)
 @click.option("--num-nodes", type=click.IntRange(min=1), help="Node count (ids must be below it; isolated nodes past the largest id).")
+@click.option("--weights", type=click.Choice(["keep", "drop"]), default="keep", show_default=True,
+              help="What to do with a weight column (e.g. timestamps you do not want): drop it, and the graph is unweighted.")
 @click.option("--force", is_flag=True,
               help="Rebuild even if OUT is a cache of the same input and options; replace OUT even if it is not a gnnio graph.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--json", "as_json", is_flag=True, help="Write the summary as JSON to stdout (and nothing else).")
-def command(input_path, output_path, input_format, undirected, self_loops, num_nodes, force, quiet, as_json):
+def command(input_path, output_path, input_format, undirected, self_loops, num_nodes, weights, force, quiet, as_json):
     """Convert INPUT (edge list, CSV/TSV, .mtx, .npz; .gz ok; '-' = stdin) to a gnnio .h5.
 
     The format comes from the content (a Matrix Market banner, a zip), then
@@ -47,7 +49,8 @@ def command(input_path, output_path, input_format, undirected, self_loops, num_n
     Duplicate edges are always removed; ids that are not 0..N-1 are renumbered
     and the originals kept in /node_ids.
     """
-    options = ConvertOptions(format=input_format, undirected=undirected, self_loops=self_loops, num_nodes=num_nodes)
+    options = ConvertOptions(format=input_format, undirected=undirected, self_loops=self_loops, num_nodes=num_nodes,
+                             weights=weights)
     with output.DelayedProgress(STAGES, enabled=not quiet) as progress:
         summary = convert_file(input_path, output_path, options, force=force, progress=progress)
     if as_json:

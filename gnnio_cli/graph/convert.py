@@ -17,7 +17,7 @@ Steps, in order (each reported to an optional `progress` callback by name):
    reversed edge keeps its weight, negated for skew-symmetric files),
    duplicates removed (always), each counted. Duplicates of a weighted edge
    must agree on the weight: two different weights for one edge are an
-   error, not a guess;
+   error, not a guess (``weights="drop"`` reads the graph unweighted);
 5. build: CSR by target and CSC by source; the stored edge order (``eid``) is
    the deduplicated list grouped by target, in input order within a target
    (:func:`simple_graph`); weights follow as ``edge_weight`` by edge id;
@@ -48,6 +48,7 @@ from gnnio_cli.graph.build import deduplicate_csr, drop_self_loops, positions, t
 from gnnio_cli.graph.graph import Graph, index_dtype
 
 SELF_LOOP_CHOICES = ("keep", "drop")
+WEIGHT_CHOICES = ("keep", "drop")
 STAGES = ("read", "parse", "relabel", "build", "write")
 
 # Relabel through a dense old->new table while the largest id is at most this
@@ -67,10 +68,13 @@ class ConvertOptions:
     undirected: bool = False
     self_loops: str = "keep"
     num_nodes: Optional[int] = None
+    weights: str = "keep"
 
     def __post_init__(self):
         if self.self_loops not in SELF_LOOP_CHOICES:
             raise GnnioError(f"--self-loops: expected keep or drop, got {self.self_loops!r}")
+        if self.weights not in WEIGHT_CHOICES:
+            raise GnnioError(f"--weights: expected keep or drop, got {self.weights!r}")
         if self.num_nodes is not None and self.num_nodes < 1:
             raise GnnioError(f"--num-nodes: must be at least 1, got {self.num_nodes}")
         if self.format is not None and self.format not in io.FORMATS:
@@ -245,7 +249,7 @@ def merge_weighted_duplicates(
             source, target = int(node_ids[source]), int(node_ids[target])
         raise GnnioError(
             f"{name}: edge {source} -> {target} appears with weights {sorted_weights[at]:g} and "
-            f"{sorted_weights[at + 1]:g}; combine repeated edges into one before converting"
+            f"{sorted_weights[at + 1]:g}; combine repeated edges into one, or drop the weights with --weights drop"
         )
     first = order[np.concatenate(([True], ~repeat))] if src.size else order
     first.sort()
@@ -263,7 +267,7 @@ def convert_edges(edges: io.EdgeList, options: ConvertOptions, progress: Progres
     num_nodes, original_ids = assign_node_ids(edges, options.num_nodes)
     mirrored = options.undirected or edges.symmetric
     check_memory(num_nodes, entries * (2 if mirrored else 1), _size_origin(edges, options))
-    src, dst, weights = edges.src, edges.dst, edges.weights
+    src, dst, weights = edges.src, edges.dst, edges.weights if options.weights == "keep" else None
     edges.src = edges.dst = edges.weights = None  # the arrays are consumed here; let them go as soon as possible
     self_loops_removed = 0
     if options.self_loops == "drop" and weights is None:
