@@ -15,6 +15,7 @@ accuracy (the first such epoch), as PyG's examples report it.
 
 from __future__ import annotations
 
+import functools
 import math
 import pickle
 import statistics
@@ -284,8 +285,11 @@ class TrainingReport:
     pyg_missing: Optional[str] = None
 
 
-def train_seed(model: str, layers: ModuleType, data: Planetoid, seed: int, epochs: int) -> SeedResult:
-    """Train one model from torch.manual_seed(seed); data must be on the target device."""
+def train_seed(
+    model: str, layers: ModuleType, data: Planetoid, seed: int, epochs: int, on_epoch: Optional[Callable[[int], None]] = None
+) -> SeedResult:
+    """Train one model from torch.manual_seed(seed); data must be on the target device.
+    on_epoch(epoch) is called after each epoch (1-based), for progress displays."""
     torch.manual_seed(seed)
     network, optimizer = build_model(model, layers, data)
     network = network.to(data.x.device)
@@ -300,6 +304,8 @@ def train_seed(model: str, layers: ModuleType, data: Planetoid, seed: int, epoch
         val_accuracy, test_accuracy = evaluate(network, data)
         if val_accuracy > best_val:
             best_val, best_test, best_epoch = val_accuracy, test_accuracy, epoch
+        if on_epoch is not None:
+            on_epoch(epoch)
     if data.x.is_cuda:
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - started) / max(epochs, 1)
@@ -334,8 +340,11 @@ def train(
     against_pyg: bool = True,
     data_dir: Optional[Path] = None,
     progress: Optional[Callable[[str, SeedResult], None]] = None,
+    on_epoch: Optional[Callable[[str, int, int], None]] = None,
 ) -> TrainingReport:
-    """Train `model` on `dataset` for seeds 0..seeds-1 with gnnio's layers and, if asked and installed, PyG's."""
+    """Train `model` on `dataset` for seeds 0..seeds-1 with gnnio's layers and, if asked and installed, PyG's.
+
+    progress(library, run) is called after each seed, on_epoch(library, seed, epoch) after each epoch."""
     if model not in RECIPES:
         raise GnnioError(f"unknown model '{model}': choose one of {', '.join(MODELS)}")
     if seeds < 1 or epochs < 1:
@@ -356,7 +365,8 @@ def train(
     for library, layers in libraries:
         result = LibraryResult(library)
         for seed in range(seeds):
-            run = train_seed(model, layers, data, seed, epochs)
+            epoch_done = None if on_epoch is None else functools.partial(on_epoch, library, seed)
+            run = train_seed(model, layers, data, seed, epochs, epoch_done)
             result.runs.append(run)
             if progress is not None:
                 progress(library, run)

@@ -213,7 +213,8 @@ def test_cli_stdin_needs_output(tmp_path):
 @pytest.mark.parametrize(
     "content,message",
     [
-        ("0 1\n2 3 4\n5\n", r"bad\.txt: line 3: expected two node ids \(source and target\): '5'"),
+        ("0 1\n2 3\n5\n", r"bad\.txt: line 3: expected two node ids \(source and target\): '5'"),
+        ("0 1\n2 3 4\n5\n", r"bad\.txt: line 2: unexpected third field \(line 1, the first edge, has two; "),
         ("0 1\n2 three\n", r"bad\.txt: line 2: node ids must be integers: '2 three'"),
         ("0 1\n-2 3\n", r"bad\.txt: line 2: node ids must be non-negative: '-2 3'"),
         ("", r"bad\.txt: no edges found \(empty file\?\)"),
@@ -317,8 +318,11 @@ def test_h5_with_inconsistent_arrays(tmp_path):
 
 def test_damaged_cache_is_rebuilt_not_reused(tmp_path):
     path = small_cache(tmp_path)
-    path.write_bytes(b"garbage")
-    result = invoke("convert", str(tmp_path / "g.txt"), "--json")
+    path.write_bytes(b"garbage")  # nothing shows gnnio made this: it is kept unless --force
+    refused = invoke("convert", str(tmp_path / "g.txt"), "--json")
+    assert refused.exit_code == 1 and "is not a gnnio graph; add --force to replace it" in str(refused.exception)
+    assert path.read_bytes() == b"garbage"
+    result = invoke("convert", str(tmp_path / "g.txt"), "--json", "--force")
     assert json.loads(result.stdout)["cached"] is False
     assert store.load_graph(path).num_edges > 0
 

@@ -29,18 +29,22 @@ def random_pairs(seed: int, count: int, largest: int = 10**6):
 
 
 def test_snap_text_mixed_separators_comments_crlf(tmp_path):
-    text = "# Directed graph\n# Nodes: 12 Edges: 5\n0\t1\r\n  2 3\n\n4,5,0.5\n% note\n9 ; 8\n7\t6\t1700000000"
+    text = "# Directed graph\n# Nodes: 12 Edges: 5\n0\t1\r\n  2 3\n\n4,5\n% note\n9 ; 8\n7\t6"
     edges = io.read_edges(write(tmp_path / "g.txt", text))
     assert edges.src.tolist() == [0, 2, 4, 9, 7]
     assert edges.dst.tolist() == [1, 3, 5, 8, 6]
     assert edges.src.dtype == np.int64 and edges.dst.dtype == np.int64
-    assert edges.declared_num_nodes == 12
+    assert edges.declared_num_nodes == 12 and edges.weights is None
     assert edges.format == "edgelist"
+    weighted = io.read_edges(write(tmp_path / "w.txt", text.replace("1\r", "1\t2\r").replace("3\n", "3 0.5\n")
+                                   .replace("4,5", "4,5,-1e-3").replace("; 8", "; 8 ; 7").replace("6", "6\t1700000000")))
+    assert weighted.src.tolist() == [0, 2, 4, 9, 7]
+    assert weighted.weights.tolist() == [2.0, 0.5, -1e-3, 7.0, 1700000000.0]
 
 
 def test_parallel_chunks_match_a_plain_reference(tmp_path, monkeypatch):
     """Many small chunks (cut at newlines) give the same edges and line numbers as one pass."""
-    monkeypatch.setattr(io, "_MIN_CHUNK_BYTES", 64)
+    monkeypatch.setattr(io.text, "_MIN_CHUNK_BYTES", 64)
     src, dst = random_pairs(seed=1, count=5000)
     rng = np.random.default_rng(2)
     lines = []
@@ -63,20 +67,30 @@ def test_parallel_chunks_match_a_plain_reference(tmp_path, monkeypatch):
         io.read_edges(path)
 
 
-def test_ids_of_every_width_and_line_shape(tmp_path):
+@pytest.mark.parametrize("weighted", [False, True])
+def test_ids_of_every_width_and_line_shape(tmp_path, weighted):
     """The 8-bytes-at-a-time path (ids up to 7 digits, one separator) and the
-    byte loop (longer ids, runs of blanks, trailing fields, CRLF) agree."""
+    byte loop (longer ids, 19 digits, runs of blanks, trailing blanks, CRLF) agree."""
     rng = np.random.default_rng(7)
-    widths = rng.integers(1, 19, size=(3000, 2))
-    ids = (rng.random((3000, 2)) * 10.0**widths).astype(np.int64)
+    widths = rng.integers(1, 20, size=(3000, 2))
+    ids = np.minimum(rng.random((3000, 2)) * 10.0**widths, 2**63 - 1024).astype(np.int64)
+    ids[0] = [2**63 - 1, 10**18]
     separators = ["\t", " ", ",", ";", "  ", " , ", "\t\t"]
-    endings = ["\n", "\r\n", "\t7\n", " x y\n", ",0.25\n"]
+    endings = ["\n", "\r\n", " \n", "\t\r\n"]
+    weights = (rng.standard_normal(3000) * 10.0 ** rng.integers(-5, 6, 3000)).tolist()
     text = "".join(
-        f"{s}{separators[i % len(separators)]}{d}{endings[i % len(endings)]}" for i, (s, d) in enumerate(ids.tolist())
+        f"{s}{separators[i % len(separators)]}{d}"
+        + (f"{separators[(i + 3) % len(separators)]}{weights[i]!r}" if weighted else "")
+        + endings[i % len(endings)]
+        for i, (s, d) in enumerate(ids.tolist())
     )
     edges = io.read_edges(write(tmp_path / "g.txt", text))
     np.testing.assert_array_equal(edges.src, ids[:, 0])
     np.testing.assert_array_equal(edges.dst, ids[:, 1])
+    if weighted:
+        np.testing.assert_allclose(edges.weights, weights, rtol=1e-15)
+    else:
+        assert edges.weights is None
 
 
 @pytest.mark.parametrize("separator,suffix", [(",", ".csv"), ("\t", ".tsv")])
@@ -226,7 +240,8 @@ def test_stdin(monkeypatch, compress):
         ("0 1\n1,,2\n", 2, "node ids must be integers", "1,,2"),
         ("# c\n0 -1\n", 2, "node ids must be non-negative", "0 -1"),
         ("-4 1\n", 1, "node ids must be non-negative", "-4 1"),
-        ("1 1234567890123456789\n", 1, "node id has more than 18 digits", "1 1234567890123456789"),
+        ("1 9223372036854775808\n", 1, "node id larger than 2^63 - 1", "1 9223372036854775808"),
+        ("1 123456789012345678901\n", 1, "node id larger than 2^63 - 1", "1 123456789012345678901"),
         ("0 1\r\n3\r\n", 2, "expected two node ids", "3"),
         ("0 1\n7 x", 2, "node ids must be integers", "7 x"),  # last line without a newline
     ],

@@ -204,3 +204,21 @@ def degree_ladder_graph(num_nodes: int = 3000, hub_degree: int = 100_000, *, see
     src = rng.integers(0, num_nodes, size=dst.size)
     order = rng.permutation(src.size)
     return Graph.from_edge_index(np.stack([src[order], dst[order]]), size=(num_nodes, num_nodes))
+
+
+def run_gnnio(args: list[str], capsys, monkeypatch, stdin: Optional[bytes] = None) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `gnnio ARGS`, run in-process through the entry point's main()
+    (where every failure becomes its one line), with `stdin` as standard input."""
+    import io
+    import sys
+
+    from gnnio_cli.cli import main
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin or b"")))
+    try:
+        main([str(arg) for arg in args])
+        status = 0
+    except SystemExit as exit:
+        status = exit.code if isinstance(exit.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err

@@ -39,7 +39,9 @@ class Settings:
         if self.features < 1:
             raise GnnioError(f"--features must be positive, got {self.features}")
         if self.layer in ATTENTION_LAYERS and self.layer != "agnn":
-            if self.heads < 1 or self.features % self.heads:
+            if self.heads < 1:
+                raise GnnioError(f"--heads must be at least 1, got {self.heads}")
+            if self.features % self.heads:
                 raise GnnioError(
                     f"--heads {self.heads} does not divide --features {self.features}: "
                     "attention layers split the features evenly across heads"

@@ -2,14 +2,22 @@
 
 Each subcommand lives in its own module (``gnnio_cli/cli/<name>.py``) and is
 imported only when invoked, so a graph command never loads the layers,
-kernels and benchmarks it does not use. User errors (:class:`GnnioError`) become one line on stderr and exit
-status 1; ``--verbose`` shows the traceback too.
+kernels and benchmarks it does not use.
+
+Every failure ends here, in :func:`main`, as one line on stderr and a
+non-zero exit status: user errors (:class:`GnnioError`, usage errors: 1 and
+2), the operating system's (a full disk, permissions: 1), running out of
+memory (1), interruptions (SIGINT 130, SIGTERM 143, SIGHUP 129: raised as
+exceptions so that temporary files are removed on the way out) and, for a
+bug, a line that says so (1). ``--verbose`` shows the traceback too.
 """
 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 
 import click
 
@@ -51,32 +59,78 @@ def cli(ctx, verbose):
     ctx.obj = {"verbose": verbose}
 
 
+# click >= 8.2 raises this for a bare group (`gnnio`, `gnnio generate`); older versions print the help and exit 0.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+_HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(BaseException):
+    """A termination signal turned into an exception, so `finally` blocks (temporary files) run on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(signum)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(message: str, status: int) -> None:
+    click.echo(f"gnnio: {message}", err=True)
+    sys.exit(status)
+
+
 def main(argv=None) -> None:
     from gnnio_cli.errors import GnnioError
 
     verbose = "--verbose" in (argv if argv is not None else sys.argv[1:])
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+        previous = {signum: signal.signal(signum, _raise_terminated) for signum in _HANDLED_SIGNALS}
     try:
         cli.main(args=argv, prog_name="gnnio", standalone_mode=False)
     except GnnioError as err:
         if verbose:
             raise
-        click.echo(f"gnnio: error: {err}", err=True)
-        sys.exit(1)
-    except click.exceptions.Abort:
-        click.echo("gnnio: aborted", err=True)
-        sys.exit(130)
+        _fail(f"error: {err}", 1)
+    except click.exceptions.Abort as err:  # click's form of KeyboardInterrupt (after a newline past the ^C)
+        _fail("interrupted" if isinstance(err.__cause__, KeyboardInterrupt) else "aborted", 130)
+    except _NO_ARGS_IS_HELP as err:
+        err.show()  # the group's help, as written
+        sys.exit(err.exit_code)
     except click.ClickException as err:
         # Usage errors too become one line; `--help` shows the full usage.
         hint = ""
         if isinstance(err, click.UsageError) and err.ctx is not None:
             hint = f" (see '{err.ctx.command_path} --help')"
-        message = " ".join(err.format_message().split())
-        click.echo(f"gnnio: error: {message}{hint}", err=True)
-        sys.exit(err.exit_code)
+        _fail(f"error: {_one_line(err.format_message())}{hint}", err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
     except BrokenPipeError:
         sys.exit(0)
     except KeyboardInterrupt:
-        click.echo("gnnio: interrupted", err=True)
-        sys.exit(130)
+        _fail("interrupted", 130)
+    except Terminated as err:
+        _fail(f"terminated by {signal.Signals(err.signum).name}", 128 + err.signum)
+    except MemoryError as err:
+        if verbose:
+            raise
+        _fail(f"error: out of memory{f' ({_one_line(err)})' if str(err) else ''}; try a smaller graph or a larger machine", 1)
+    except OSError as err:
+        if verbose:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        _fail(f"error: {where}{_one_line(err.strerror or err)}", 1)
+    except Exception as err:  # a bug in gnnio, not the user's doing: still one line, the traceback on request
+        if verbose:
+            raise
+        _fail(f"internal error: {type(err).__name__}: {_one_line(err)[:300]} (rerun with --verbose for the traceback "
+              "and please report it)", 1)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -2,26 +2,52 @@
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import click
 
 from gnnio_cli.cli import options
-from gnnio_cli.cli.output import emit_json, key_value_table, stdout, table
+from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, stdout, table
 
 
 def _split(ctx, param, value):
     return [item.strip() for item in value.split(",") if item.strip()] if value else []
 
 
+def _split_known(known: Callable[[], Sequence[str]]):
+    """A callback that splits a comma-separated option and refuses, before any work, names not in known()."""
+    def callback(ctx, param, value):
+        items = _split(ctx, param, value)
+        choices = list(known())
+        for item in items:
+            if item not in choices:
+                raise click.BadParameter(f"{item!r} is not one of {', '.join(choices)}")
+        return items
+    return callback
+
+
+def _compare_targets() -> Sequence[str]:
+    from gnnio_cli.bench.report import COMPARE_TARGETS
+
+    return COMPARE_TARGETS
+
+
+def _reorder_methods() -> Sequence[str]:
+    from gnnio_cli.graph.reorder import METHODS
+
+    return METHODS
+
+
 @click.command("compare")
 @click.option("--layer", "layers", required=True, callback=_split,
               help=f"Layer(s), comma-separated: {', '.join(options.LAYER_CHOICES)}.")
 @options.graph_option
-@click.option("--against", default="reference,cusparse", show_default=True, callback=_split,
+@click.option("--against", default="reference,cusparse", show_default=True, callback=_split_known(_compare_targets),
               help="Comma-separated: reference (PyTorch reference ops), cusparse (torch.sparse CSR SpMM at the "
                    "same width: the bandwidth yardstick), pyg (PyG 2.8's layer with the same weights; --scope layer).")
 @click.option("--scope", type=click.Choice(["aggregation", "layer"]), default="aggregation", show_default=True,
               help="aggregation: the op alone (no projections); layer: the whole layer.")
-@click.option("--reorder", "reorders", default="", callback=_split,
+@click.option("--reorder", "reorders", default="", callback=_split_known(_reorder_methods),
               help="Repeat the comparison on the graph relabelled by each of these orders (e.g. "
                    "none,rcm,degree,rabbit,random): time per order, the order's cost, and the training "
                    "steps that repay it relative to the first order listed.")
@@ -57,9 +83,10 @@ def command(layers, graph, against, scope, reorders, schedules, features, heads,
     for layer in layers:
         if layer not in LAYERS:
             raise GnnioError(f"--layer {layer}: unknown layer; choose from {', '.join(LAYERS)}")
-    result = report.compare(layers=layers, graph_spec=graph, against=against, scope=scope, features=features,
-                            heads=heads, dtype=dtype, device=device, backward=backward, repeat=repeat,
-                            warmup=warmup, seed=seed, reorders=reorders, schedules=schedules)
+    with DelayedProgress(("comparing",)):
+        result = report.compare(layers=layers, graph_spec=graph, against=against, scope=scope, features=features,
+                                heads=heads, dtype=dtype, device=device, backward=backward, repeat=repeat,
+                                warmup=warmup, seed=seed, reorders=reorders, schedules=schedules)
     if as_json:
         emit_json(result)
         return

@@ -2,55 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 import click
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from gnnio_cli.cli import output
 from gnnio_cli.graph.convert import STAGES, ConversionSummary, ConvertOptions, convert_file
 from gnnio_cli.graph.io import FORMATS
-
-# Conversions that finish sooner never show a progress bar.
-PROGRESS_DELAY_S = 2.0
-
-
-class DelayedProgress:
-    """A stage-by-stage progress bar on stderr that appears only once the work
-    has run for `delay` seconds; call the object with a stage name from STAGES."""
-
-    def __init__(self, enabled: bool, delay: float = PROGRESS_DELAY_S):
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description:<8}"),
-            BarColumn(),
-            TimeElapsedColumn(),
-            console=output.stderr,
-            transient=True,
-        )
-        self.task = self.progress.add_task("read", total=len(STAGES))
-        self.shown = False
-        self.timer = threading.Timer(delay, self._show) if enabled else None
-
-    def _show(self) -> None:
-        self.shown = True
-        self.progress.start()
-
-    def __enter__(self) -> "DelayedProgress":
-        if self.timer is not None:
-            self.timer.daemon = True
-            self.timer.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer.join()
-        if self.shown:  # stopping a bar never shown would still print a blank line
-            self.progress.stop()
-
-    def __call__(self, stage: str) -> None:
-        self.progress.update(self.task, description=stage, completed=STAGES.index(stage))
 
 
 def render(summary: ConversionSummary) -> None:
@@ -62,37 +18,40 @@ def render(summary: ConversionSummary) -> None:
         ("nodes", summary.nodes),
         ("edges", summary.edges),
         ("directed", not summary.undirected),
+        ("entries read", summary.entries_read),
+        ("duplicates removed", summary.duplicates_removed),
+        ("self-loops removed", summary.self_loops_removed),
+        ("ids relabelled", summary.relabelled),
+        ("weighted", summary.weighted),
+        ("time (s)", round(summary.seconds, 3)),
     ]
-    if not summary.cached:
-        rows += [
-            ("entries read", summary.entries_read),
-            ("duplicates removed", summary.duplicates_removed),
-            ("self-loops removed", summary.self_loops_removed),
-            ("ids relabelled", summary.relabelled),
-        ]
-    rows.append(("time (s)", round(summary.seconds, 3)))
     output.stdout.print(output.key_value_table(f"gnnio convert {summary.input}", rows))
 
 
 @click.command("convert")
 @click.argument("input_path", metavar="INPUT")
 @click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), help="Output .h5 (default: INPUT's name with .h5).")
-@click.option("--format", "input_format", type=click.Choice(FORMATS), help="Input format (default: from the name, else the content).")
+@click.option("--format", "input_format", type=click.Choice(FORMATS), help="Input format (default: from the content, else the name).")
 @click.option("--undirected", is_flag=True, help="Add the reverse of every edge.")
 @click.option("--self-loops", type=click.Choice(["keep", "drop"]), default="keep", show_default=True)
 @click.option("--num-nodes", type=click.IntRange(min=1), help="Node count (ids must be below it; isolated nodes past the largest id).")
-@click.option("--force", is_flag=True, help="Rebuild even if OUT is a cache of the same input and options.")
+@click.option("--weights", type=click.Choice(["keep", "drop"]), default="keep", show_default=True,
+              help="What to do with a weight column (e.g. timestamps you do not want): drop it, and the graph is unweighted.")
+@click.option("--force", is_flag=True,
+              help="Rebuild even if OUT is a cache of the same input and options; replace OUT even if it is not a gnnio graph.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--json", "as_json", is_flag=True, help="Write the summary as JSON to stdout (and nothing else).")
-def command(input_path, output_path, input_format, undirected, self_loops, num_nodes, force, quiet, as_json):
+def command(input_path, output_path, input_format, undirected, self_loops, num_nodes, weights, force, quiet, as_json):
     """Convert INPUT (edge list, CSV/TSV, .mtx, .npz; .gz ok; '-' = stdin) to a gnnio .h5.
 
+    The format comes from the content (a Matrix Market banner, a zip), then
+    the name. A third column is the edge's weight (stored in /edge_weight).
     Duplicate edges are always removed; ids that are not 0..N-1 are renumbered
     and the originals kept in /node_ids.
     """
-    options = ConvertOptions(format=input_format, undirected=undirected, self_loops=self_loops, num_nodes=num_nodes)
-    # A bar needs a terminal: redirected, rich would leave a stray blank line.
-    with DelayedProgress(enabled=not quiet and output.stderr.is_terminal) as progress:
+    options = ConvertOptions(format=input_format, undirected=undirected, self_loops=self_loops, num_nodes=num_nodes,
+                             weights=weights)
+    with output.DelayedProgress(STAGES, enabled=not quiet) as progress:
         summary = convert_file(input_path, output_path, options, force=force, progress=progress)
     if as_json:
         output.emit_json(summary)

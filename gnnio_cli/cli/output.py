@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 # Redirected output is read in files and logs, not an 80-column terminal: give tables room.
@@ -83,3 +85,53 @@ def key_value_table(title: str, pairs: Iterable[tuple[str, Any]]) -> Table:
 def note(message: str) -> None:
     """A remark for people, on stderr so stdout stays clean for pipes."""
     stderr.print(message, highlight=False)
+
+
+# Work that finishes sooner never shows a progress display.
+PROGRESS_DELAY_S = 2.0
+
+
+class DelayedProgress:
+    """A progress bar on stderr that appears only once the work has run for
+    `delay` seconds, and only on a terminal (redirected, rich would leave
+    stray lines). Stage by stage: call the object with the name of the stage
+    starting, one of `stages` (a single stage shows a spinner and the time);
+    or count steps with :meth:`update`.
+    """
+
+    def __init__(self, stages: Sequence[str], enabled: bool = True, delay: float = PROGRESS_DELAY_S):
+        self.stages = list(stages)
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description:<12}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=stderr,
+            transient=True,
+        )
+        self.task = self.progress.add_task(self.stages[0], total=len(self.stages))
+        self.shown = False
+        self.timer = threading.Timer(delay, self._show) if enabled and stderr.is_terminal else None
+
+    def _show(self) -> None:
+        self.shown = True
+        self.progress.start()
+
+    def __enter__(self) -> "DelayedProgress":
+        if self.timer is not None:
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer.join()
+        if self.shown:  # stopping a bar never shown would still print a blank line
+            self.progress.stop()
+
+    def __call__(self, stage: str) -> None:
+        self.update(stage, self.stages.index(stage), len(self.stages))
+
+    def update(self, description: str, completed: int, total: int) -> None:
+        self.progress.update(self.task, description=description, completed=completed, total=total)

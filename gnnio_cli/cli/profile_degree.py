@@ -8,13 +8,15 @@ import click
 import numpy as np
 from rich.table import Table
 
-from gnnio_cli.cli.output import emit_json, key_value_table, stdout, table
+from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, stdout, table
 from gnnio_cli.errors import GnnioError
+from gnnio_cli.graph.files import atomic_path, check_destination
 from gnnio_cli.graph.locality import DEFAULT_L2_MB, DTYPE_BYTES, CacheModel, LocalityMetrics
 
 BAR_WIDTH = 24
 EIGHTHS = " ▏▎▍▌▋▊▉"
 LOCALITY_COLUMNS = ["order", "bandwidth", "mean gap", "median gap", "mean log2(1+gap)", "hit rate"]
+STAGES = ("load", "profile")
 
 
 def cache_options(fn):
@@ -88,9 +90,10 @@ def write_plot(plt, graph, path: Path) -> None:
     axes.legend()
     figure.tight_layout()
     try:
-        figure.savefig(path, dpi=120)
-    except OSError as err:
-        raise GnnioError(f"--plot {path}: cannot write ({err.strerror or err})") from None
+        with atomic_path(path, "the plot") as tmp:
+            figure.savefig(tmp, dpi=120, format=path.suffix[1:].lower() or "png")
+    except ValueError as err:  # a format matplotlib does not write
+        raise GnnioError(f"--plot {path}: {err}") from None
     finally:
         plt.close(figure)
 
@@ -112,12 +115,18 @@ def command(graph_path, features, dtype, l2_mb, seed, plot_path, as_json):
     from gnnio_cli.graph.store import load
 
     cache = CacheModel(features=features, dtype=dtype, l2_mb=l2_mb)
-    plt = pyplot() if plot_path is not None else None
-    graph = load(graph_path).graph
-    if plt is not None:
-        write_plot(plt, graph, plot_path)
-    profile = degree_profile(graph, cache)
-    random_control = locality(graph, random_order(graph.num_nodes, seed), cache)
+    plt = None
+    if plot_path is not None:  # both checked before any work
+        plt = pyplot()
+        check_destination(plot_path, "--plot", lambda path: True, "a plot")
+    with DelayedProgress(STAGES + (("plot",) if plt is not None else ())) as progress:
+        graph = load(graph_path).graph
+        progress("profile")
+        profile = degree_profile(graph, cache)
+        random_control = locality(graph, random_order(graph.num_nodes, seed), cache)
+        if plt is not None:
+            progress("plot")
+            write_plot(plt, graph, plot_path)
     if as_json:
         emit_json({"graph": str(graph_path), "cache": cache, "seed": seed, "profile": profile,
                    "random_order": random_control, "plot": None if plot_path is None else str(plot_path)})

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
-from gnnio_cli.cli.output import emit_json, key_value_table, note, stdout, table
+from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, note, stdout, table
 from gnnio_cli.cli.profile_degree import LOCALITY_COLUMNS, cache_caption, cache_options, locality_row
 from gnnio_cli.graph.blocked import MAX_BLOCK
 from gnnio_cli.graph.locality import CacheModel
 from gnnio_cli.graph.reorder import METHODS
 
+STAGES = ("load", "reorder", "write")
 
 def default_output(graph_path: Path, method: str) -> Path:
     """`<stem>.<method>.h5` beside the input."""
@@ -28,8 +29,9 @@ def default_output(graph_path: Path, method: str) -> Path:
 @cache_options
 @click.option("--blocked", "block", type=click.IntRange(1, MAX_BLOCK), default=None,
               help="Also store B x B block-sparse tiles and the degree buckets (e.g. 16).")
+@click.option("--force", is_flag=True, help="Replace OUT even if it is not a gnnio graph.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def command(graph_path, method, output, features, dtype, l2_mb, seed, block, as_json):
+def command(graph_path, method, output, features, dtype, l2_mb, seed, block, force, as_json):
     """Relabel the nodes of GRAPH.h5 by METHOD and write the reordered graph.
 
     Stores the order under /perm/<method> (both directions, with its locality
@@ -37,17 +39,22 @@ def command(graph_path, method, output, features, dtype, l2_mb, seed, block, as_
     alongside; earlier orders and features are kept. Prints locality before and
     after, beside a seeded random order, and the time taken.
     """
+    from gnnio_cli.graph.files import check_destination
     from gnnio_cli.graph.reorder import reorder_stored
-    from gnnio_cli.graph.store import load, save
+    from gnnio_cli.graph.store import is_gnnio_graph, load, save
 
     started = time.perf_counter()
     cache = CacheModel(features=features, dtype=dtype, l2_mb=l2_mb)
     output = output if output is not None else default_output(graph_path, method)
-    stored = load(graph_path)
-    reordered, report = reorder_stored(stored, method, seed=seed, cache=cache, block=block)
-    write_start = time.perf_counter()
-    save(reordered, output)
-    write_seconds = time.perf_counter() - write_start
+    with DelayedProgress(STAGES) as progress:
+        stored = load(graph_path)
+        check_destination(output, "-o", is_gnnio_graph, "a gnnio graph", force)
+        progress("reorder")
+        reordered, report = reorder_stored(stored, method, seed=seed, cache=cache, block=block)
+        progress("write")
+        write_start = time.perf_counter()
+        save(reordered, output)
+        write_seconds = time.perf_counter() - write_start
     total_seconds = time.perf_counter() - started
     if report.dropped_blocked:
         note(f"dropped blocked formats of the input order: {', '.join(report.dropped_blocked)} (rebuild with --blocked)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gnnio_cli.cli import options
-from gnnio_cli.cli.output import emit_json, key_value_table, stdout, table
+from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, stdout, table
 
 
 @click.command("run")
@@ -42,11 +42,12 @@ def command(layer, graph, features, heads, dtype, device, backend, aggregation_o
                        rounds, seed, as_json)
         return
 
-    result = report.run_layer(
-        layer=layer, graph_spec=graph, features=features, heads=heads, dtype=dtype, device=device,
-        backend=backend, aggregation_only=aggregation_only, backward=backward, repeat=repeat, warmup=warmup, seed=seed,
-        profile=profile,
-    )
+    with DelayedProgress((f"measuring {layer}",)):
+        result = report.run_layer(
+            layer=layer, graph_spec=graph, features=features, heads=heads, dtype=dtype, device=device,
+            backend=backend, aggregation_only=aggregation_only, backward=backward, repeat=repeat, warmup=warmup,
+            seed=seed, profile=profile,
+        )
     if as_json:
         emit_json(result)
         return

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from gnnio_cli.cli.output import emit_json, key_value_table, note, stdout, table
+from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, note, stdout, table
 
 RESULT_COLUMNS = ["library", "mean test acc", "std", "min", "max", "ms / epoch"]
 
@@ -38,8 +38,12 @@ def command(model, dataset, seeds, epochs, device, against_pyg, data_dir, as_jso
         note(f"{library} seed {run.seed}: test {run.test_accuracy:.3f} (best val {run.val_accuracy:.3f} at epoch "
              f"{run.best_epoch}), {run.seconds_per_epoch * 1000:.1f} ms/epoch")
 
-    report = train(model, dataset, seeds=seeds, epochs=epochs, device=device, against_pyg=against_pyg,
-                   data_dir=data_dir, progress=progress)
+    with DelayedProgress(("loading",), delay=0.5) as bar:
+        def on_epoch(library, seed, epoch):
+            bar.update(f"{library} seed {seed + 1}/{seeds}", seed * epochs + epoch, seeds * epochs)
+
+        report = train(model, dataset, seeds=seeds, epochs=epochs, device=device, against_pyg=against_pyg,
+                       data_dir=data_dir, progress=progress, on_epoch=on_epoch)
     if report.pyg_missing:
         note(f"PyG's layers not trained: torch_geometric is not importable ({report.pyg_missing})")
     if as_json:

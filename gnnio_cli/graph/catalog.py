@@ -89,6 +89,8 @@ def _generated(spec: str) -> NamedGraph:
     try:
         stored = generate.standard_graph(spec)
     except GnnioError as err:
+        if generate.is_standard_name(spec):
+            raise GnnioError(f"--graph {err}") from None
         raise GnnioError(f"--graph {spec}: no such file, and {err}") from None
     return NamedGraph(spec, stored.graph, f"generated ({stored.params})")
 

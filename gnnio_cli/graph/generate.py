@@ -22,7 +22,7 @@ import numpy as np
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph.build import drop_self_loops
-from gnnio_cli.graph.convert import simple_graph
+from gnnio_cli.graph.convert import check_memory, simple_graph
 from gnnio_cli.graph.graph import Graph
 from gnnio_cli.graph.store import StoredGraph
 
@@ -205,6 +205,18 @@ def _check_scale(scale: int) -> None:
         raise GnnioError(f"--scale: must be in 1..{MAX_SCALE}, got {scale}")
 
 
+def rmat_name(scale: int) -> str:
+    return f"rmat{scale}"
+
+
+def uniform_name(scale: int) -> str:
+    return f"uniform{scale}"
+
+
+def grid_name(rows: int, cols: int) -> str:
+    return f"grid{rows}" if rows == cols else f"grid{rows}x{cols}"
+
+
 def _stored(name: str, graph: Graph, params: dict, directed: bool) -> StoredGraph:
     return StoredGraph(graph=graph, directed=directed, source=f"gnnio generate {name}", params=params)
 
@@ -222,9 +234,10 @@ def rmat(scale: int, edge_factor: int = 16, a: float = 0.57, b: float = 0.19, c:
         raise GnnioError(f"--edge-factor: must be at least 1, got {edge_factor}")
     if min(a, b, c) < 0 or a + b + c > 1:
         raise GnnioError(f"rmat: need a, b, c >= 0 and a + b + c <= 1, got a={a}, b={b}, c={c}")
-    started = time.perf_counter()
     num_nodes = 1 << scale
     num_drawn = edge_factor * num_nodes
+    check_memory(num_nodes, num_drawn, rmat_name(scale))
+    started = time.perf_counter()
     src = np.empty(num_drawn, dtype=np.int64)
     dst = np.empty(num_drawn, dtype=np.int64)
     full_groups, tail_levels = divmod(scale, LEVELS_PER_DRAW)
@@ -236,7 +249,7 @@ def rmat(scale: int, edge_factor: int = 16, a: float = 0.57, b: float = 0.19, c:
     graph, duplicates = simple_graph(src[:kept], dst[:kept], num_nodes)
     del src, dst
     params = {"generator": "rmat", "scale": scale, "edge_factor": edge_factor, "a": a, "b": b, "c": c, "seed": seed}
-    name = f"rmat{scale}"
+    name = rmat_name(scale)
     return GeneratedGraph(
         name=name,
         stored=_stored(name, graph, params, directed=True),
@@ -255,13 +268,14 @@ def uniform(scale: int, degree: int = 16, seed: int = 0) -> GeneratedGraph:
     num_nodes = 1 << scale
     if not 1 <= degree < num_nodes:
         raise GnnioError(f"--degree: must be in 1..{num_nodes - 1} for 2^{scale} nodes, got {degree}")
+    check_memory(num_nodes, num_nodes * degree, uniform_name(scale))
     started = time.perf_counter()
     src = np.empty(num_nodes * degree, dtype=np.int64)
     _uniform_in_edges(num_nodes, degree, seed, src)
     dst = np.repeat(np.arange(num_nodes, dtype=np.int64), degree)
     params = {"generator": "uniform", "scale": scale, "degree": degree, "seed": seed}
     graph = Graph.from_arrays(src, dst, num_nodes, num_nodes)
-    name = f"uniform{scale}"
+    name = uniform_name(scale)
     return GeneratedGraph(
         name=name,
         stored=_stored(name, graph, params, directed=True),
@@ -275,6 +289,7 @@ def grid(rows: int, cols: int) -> GeneratedGraph:
     neighbour pair is linked in both directions: 2 * (rows*(cols-1) + (rows-1)*cols) edges."""
     if rows < 1 or cols < 1:
         raise GnnioError(f"grid: --rows and --cols must be at least 1, got {rows} x {cols}")
+    check_memory(rows * cols, 4 * rows * cols, grid_name(rows, cols))
     started = time.perf_counter()
     ids = np.arange(rows * cols, dtype=np.int64).reshape(rows, cols)
     left, right = ids[:, :-1].ravel(), ids[:, 1:].ravel()
@@ -283,7 +298,7 @@ def grid(rows: int, cols: int) -> GeneratedGraph:
     dst = np.concatenate((right, left, down, up))
     params = {"generator": "grid", "rows": rows, "cols": cols}
     graph = Graph.from_arrays(src, dst, rows * cols, rows * cols)
-    name = f"grid{rows}" if rows == cols else f"grid{rows}x{cols}"
+    name = grid_name(rows, cols)
     return GeneratedGraph(
         name=name,
         stored=_stored(name, graph, params, directed=False),
@@ -295,17 +310,26 @@ def grid(rows: int, cols: int) -> GeneratedGraph:
 _STANDARD = re.compile(r"^(rmat|uniform|grid)(\d+)$")
 
 
+def is_standard_name(name: str) -> bool:
+    """Whether `name` has the form of a standard graph's name (rmat<S>, uniform<S>, grid<R>), valid size or not."""
+    return _STANDARD.match(name) is not None
+
+
 def generate_standard(name: str, seed: int = 0) -> GeneratedGraph:
     """The generated graph called `name`: rmat<S>, uniform<S> or grid<R> (see module doc)."""
     match = _STANDARD.match(name)
     if not match:
         raise GnnioError(f"unknown standard graph {name!r}: expected rmat<scale>, uniform<scale> or grid<side>, e.g. rmat20")
     kind, size = match.group(1), int(match.group(2))
+    if kind == "grid":
+        if size < 1:
+            raise GnnioError(f"{name}: grid<side> needs a side of at least 1")
+        return grid(size, size)
+    if not 1 <= size <= MAX_SCALE:
+        raise GnnioError(f"{name}: {kind}<scale> needs a scale in 1..{MAX_SCALE}, got {size}")
     if kind == "rmat":
         return rmat(size, seed=seed)
-    if kind == "uniform":
-        return uniform(size, degree=16, seed=seed)
-    return grid(size, size)
+    return uniform(size, degree=16, seed=seed)
 
 
 def standard_graph(name: str, seed: int = 0) -> StoredGraph:

@@ -52,7 +52,7 @@ def aggregate(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:
 
 def aggregate_reference(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:
     """Pure-PyTorch :func:`aggregate` (inputs already validated)."""
-    features = x.reshape(x.shape[0], -1).to(accumulation_dtype(x.dtype))
+    features = x.reshape(x.shape[0], x.shape[1:].numel()).to(accumulation_dtype(x.dtype))
     if reduce in ("max", "min"):
         out = _Extremum.apply(features, graph, reduce)
     else:

@@ -63,7 +63,7 @@ def spmm_reference(
 ) -> torch.Tensor:
     """Pure-PyTorch :func:`spmm` (inputs already validated): gather, scale, index_add."""
     compute = accumulation_dtype(x.dtype)
-    features = x.reshape(x.shape[0], -1).to(compute)
+    features = x.reshape(x.shape[0], x.shape[1:].numel()).to(compute)
     messages = features.index_select(0, slot_sources(graph))
     if edge_weight is not None:
         messages = messages * eid_to_slot(graph, edge_weight).to(compute).unsqueeze(1)
