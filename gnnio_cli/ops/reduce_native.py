@@ -142,7 +142,7 @@ def aggregate(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:
     op = "aggregate"
     if reduce in ("sum", "mean"):
         return spmm_native.spmm(graph, x, None, reduce, op)
-    features = x.reshape(x.shape[0], -1).contiguous()
+    features = x.flatten(1).contiguous()  # (reshape(N, -1) cannot size 0 rows)
     is_min = reduce == "min"
     kernel = extremum_kernel(graph, features, is_min)
     schedule = row_schedule(graph, "csr").name

@@ -251,7 +251,7 @@ class _Spmm(torch.autograd.Function):
 
 def apply_operator(operator: SpmmOperator, x: torch.Tensor, op: str) -> torch.Tensor:
     """A @ x for x [num_src, *trailing] (trailing dims flattened and restored), differentiable in x."""
-    features = x.reshape(x.shape[0], -1).contiguous()
+    features = x.flatten(1).contiguous()  # (reshape(N, -1) cannot size 0 rows)
     out = _Spmm.apply(features, operator, op)
     return out.reshape(operator.forward.num_rows, *x.shape[1:])
 
