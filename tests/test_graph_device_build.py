@@ -136,7 +136,8 @@ def test_replaced_self_loops_on_the_device(name, row_major, device, monkeypatch)
     host, dev = _host_and_device(
         graph, device, lambda g: graph_loops.replaced_self_loops(g, num_loops, row_major), monkeypatch)
     assert_same_graph(dev.graph, host.graph)
-    assert torch.equal(dev.kept_eid.cpu(), host.kept_eid)
+    identity = torch.arange(graph.num_edges)
+    assert torch.equal(dev.kept(identity.to(device)).cpu(), host.kept(identity))
     assert (dev.order is None) == (host.order is None)
     if host.order is not None:
         assert torch.equal(dev.order.cpu(), host.order)

@@ -36,13 +36,17 @@ class LoopedEdges:
 
     graph:    edge ids: the kept (non-loop) edges in order, then the loops (i, i) for i = 0..num_loops-1,
               then (row_major) sorted by (target, source)
-    kept_eid: int64 [E_kept]: original edge id of every kept edge, in order
+    kept_eid: int64 [E_kept]: original edge id of every kept edge, in order; None when every edge is kept
     order:    int64 [E_kept + num_loops] or None: the re-sort applied for row_major
     """
 
     graph: Graph
-    kept_eid: Tensor
+    kept_eid: Optional[Tensor]
     order: Optional[Tensor]
+
+    def kept(self, per_edge: Tensor) -> Tensor:
+        """The kept edges' rows of a per-edge tensor [E, ...] of the original graph, in order."""
+        return _kept(per_edge, self.kept_eid)
 
 
 def replaced_self_loops(graph: Graph, num_loops: int, row_major: bool = False) -> LoopedEdges:
@@ -53,25 +57,29 @@ def replaced_self_loops(graph: Graph, num_loops: int, row_major: bool = False) -
 
 def _replaced(graph: Graph, num_loops: int, row_major: bool) -> LoopedEdges:
     facts = graph.facts
+    if facts.self_loops == 0 and not row_major and graph.device.type != "cpu":
+        # nothing to remove: append the loops, and read no edge list (a batch graph builds it on demand)
+        return LoopedEdges(_appended(graph, num_loops, num_loops), None, None)
     source, target = graph.edge_index()
     loops = facts.self_loops if facts.self_loops >= 0 else int((source == target).sum())
     kept = graph.num_edges - loops
     drop = source == target if loops else None
-    kept_eid = (kept_positions(drop, kept) if drop is not None
-                else torch.arange(graph.num_edges, device=graph.device))
+    kept_eid = kept_positions(drop, kept) if drop is not None else None
     if row_major:
         loops = torch.arange(num_loops, device=graph.device)
-        new_source = torch.cat([source.index_select(0, kept_eid), loops])
-        new_target = torch.cat([target.index_select(0, kept_eid), loops])
+        new_source = torch.cat([_kept(source, kept_eid), loops])
+        new_target = torch.cat([_kept(target, kept_eid), loops])
         order = torch.sort(new_target * max(graph.num_src_nodes, 1) + new_source, stable=True).indices
         looped = _derived(graph, new_source.index_select(0, order), new_target.index_select(0, order), None,
                           kept + num_loops, 0, None, num_loops)
         return LoopedEdges(looped, kept_eid, order)
-    if loops == 0 and graph.device.type != "cpu":
-        looped = _appended(graph, num_loops, num_loops)
-    else:
-        looped = _derived(graph, source, target, drop, kept, num_loops, None, num_loops)
+    looped = _derived(graph, source, target, drop, kept, num_loops, None, num_loops)
     return LoopedEdges(looped, kept_eid, None)
+
+
+def _kept(per_edge: Tensor, kept_eid: Optional[Tensor]) -> Tensor:
+    """The kept edges' rows of a per-edge tensor (all of them where kept_eid is None)."""
+    return per_edge if kept_eid is None else per_edge.index_select(0, kept_eid)
 
 
 def appended_self_loops(graph: Graph, num_loops: int) -> Graph:

@@ -227,8 +227,8 @@ def with_self_loops(
     def carry(per_edge: Optional[Tensor]) -> Optional[Tensor]:
         if per_edge is None:
             return None
-        kept_target = adjacency.edge_index()[1].index_select(0, looped.kept_eid)
-        kept = per_edge.index_select(0, looped.kept_eid)
+        kept_target = looped.kept(adjacency.edge_index()[1])
+        kept = looped.kept(per_edge)
         joined = torch.cat([kept, loop_fill(kept, kept_target, num_loops, fill_value)])
         return joined if looped.order is None else joined.index_select(0, looped.order)
 

@@ -169,7 +169,7 @@ def _gcn_norm_reference(
             existing = last_loop_eid(graph)
             fill = torch.full_like(existing, 2.0 if improved else 1.0, dtype=compute)
             loop_weights = torch.where(existing >= 0, edge_weight[existing.clamp(min=0)], fill)
-            weights = torch.cat([edge_weight[loops.kept_eid], loop_weights])
+            weights = torch.cat([loops.kept(edge_weight), loop_weights])
     else:
         out_graph = graph
         weights = edge_weight if edge_weight is not None else torch.ones(graph.num_edges, dtype=compute, device=graph.device)
