@@ -142,8 +142,13 @@ class Graph:
             torch.arange(num_dst, device=indptr.device), indptr.diff(), output_size=num_edges
         )
         idx = index_dtype(max(num_src, num_dst))
-        keys = key_dtype(max(num_src, num_dst))
-        csc = group(indices.to(keys), num_src, rows.to(idx))
+        if indptr.device.type == "cpu":  # the counting sort of graph.build: linear time, threads
+            np_idx = np.int32 if idx == torch.int32 else np.int64
+            csc = tuple(torch.from_numpy(part) for part in group_by(
+                indices.numpy(), num_src, values=rows.numpy(), value_dtype=np_idx))
+            csc = (csc[0], csc[2], csc[1])  # (indptr, order, grouped) -> (indptr, indices, eid)
+        else:
+            csc = group(indices.to(key_dtype(max(num_src, num_dst))), num_src, rows.to(idx))
         csr = (indptr, indices.to(idx), torch.arange(num_edges, device=indptr.device))
         graph = Graph._wrap(Compressed(csr, csc), num_src, num_dst, node_ids, facts)
         graph._cache["csr_rows"] = rows
