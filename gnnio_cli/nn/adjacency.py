@@ -51,8 +51,9 @@ FillValue = Union[None, float, int, Tensor, str]
 _ADJACENCY_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-class NodeIdError(GnnioError, IndexError):
-    """An edge names a node id outside the features (an IndexError, as PyG raises for it)."""
+class EdgeIndexError(GnnioError, IndexError, RuntimeError):
+    """A malformed edge_index or a node id outside the features. PyG raises a ValueError, an
+    IndexError or a RuntimeError for these, depending on the layer and the fault; this is all three."""
 
 
 def is_edge_index_class(edges) -> bool:
@@ -134,18 +135,18 @@ def as_adjacency(edges: EdgesInput, num_src: int, num_dst: int, device: torch.de
     if edges.layout in SPARSE_LAYOUTS:
         return _sparse_adjacency(edges, num_src, num_dst, device)
     if edges.layout != torch.strided:
-        raise GnnioError(f"edge_index: unsupported tensor layout {edges.layout}")
+        raise EdgeIndexError(f"edge_index: unsupported tensor layout {edges.layout}")
     if edges.dtype.is_floating_point or edges.dtype.is_complex or edges.dtype == torch.bool:
-        raise GnnioError(f"edge_index must hold integers, got dtype {edges.dtype}")
+        raise EdgeIndexError(f"edge_index must hold integers, got dtype {edges.dtype}")
     if edges.dim() != 2 or edges.shape[0] != 2:
-        raise GnnioError(f"edge_index must have shape [2, E], got {tuple(edges.shape)}")
-    key = (num_src, num_dst, str(device), reverse)
+        raise EdgeIndexError(f"edge_index must have shape [2, E], got {tuple(edges.shape)}")
+    key = (num_src, num_dst, str(device)) + (("target_to_source",) if reverse else ())
 
     def build() -> Adjacency:
         try:
             graph = Graph.from_edge_index(edges.flip(0) if reverse else edges, size=(num_src, num_dst))
         except GnnioError as error:  # the ids' range is the one thing left to fail
-            raise NodeIdError(str(error)) from None
+            raise EdgeIndexError(str(error)) from None
         return Adjacency(graph.to(device), reversed=reverse)
 
     return _cached(edges, key, (edges,), build)

@@ -156,6 +156,21 @@ class ConvBase(MessagePassingBase):
         return as_adjacency(plain_edges(edges), counts[0], counts[1], device, reverse=reverse)
 
 
+def reversed_pair_reason(layer: ConvBase, x: NodeFeatures) -> Optional[str]:
+    """PyG's flow="target_to_source" with a (source, target) pair mixes the pair's sides and sizes in
+    ways gnnio does not reproduce: such a call runs PyG's code."""
+    if layer.flow == "target_to_source" and not isinstance(x, Tensor):
+        return "flow='target_to_source' with a pair of features"
+    return None
+
+
+def static_sparse_reason(x: Tensor, node_dim: int, edges) -> Optional[str]:
+    """PyG's sparse matmul fails on a static graph's [B, N, F] features: such a call runs PyG's code."""
+    if x.dim() > 2 and isinstance(edges, Tensor) and edges.layout in SPARSE_LAYOUTS:
+        return "a static graph's features with a sparse adjacency"
+    return None
+
+
 def split_pair(x: NodeFeatures) -> tuple[Tensor, Optional[Tensor]]:
     """(x_src, x_dst) from a tensor (both the same) or a pair (x_dst may be None)."""
     if isinstance(x, Tensor):

@@ -11,7 +11,14 @@ from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, FillValue, with_self_loops
-from gnnio_cli.nn.base import ConvBase, registered_children, registered_parameters, returned_edges, split_pair
+from gnnio_cli.nn.base import (
+    ConvBase,
+    registered_children,
+    registered_parameters,
+    returned_edges,
+    reversed_pair_reason,
+    split_pair,
+)
 from gnnio_cli.nn.linear import (
     Linear,
     add_bias,
@@ -209,7 +216,7 @@ class _AttentionConv(ConvBase):
             raise GnnioError(
                 f"{type(self).__name__}: PyG 2.8 takes no sparse CSC adjacency here; convert it with .to_sparse_csr()"
             )
-        return None
+        return reversed_pair_reason(self, x)
 
     def _edges_with_loops(
         self, adjacency: Adjacency, num_loops: int, edge_attr: Optional[Tensor]
@@ -283,7 +290,7 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
     returns out, or with return_attention_weights=True (out, (edge_index, alpha [E', H])) where
     edge_index includes the added loops; for a sparse adj_t input, (out, (adj_t with alpha values, alpha)).
     Runs PyG's code (see gnnio_cli.nn.message_passing) for node features that are not [N, F]
-    (PyG refuses them) and for flow="target_to_source" with a pair or separate projections.
+    (PyG refuses them) and for flow="target_to_source" with a pair of features.
     """
 
     def __init__(
@@ -348,9 +355,6 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
 
     def _forward(self, x, edge_index, edge_attr, size, return_attention_weights) -> AttentionOutput:
         reason = self._reason(x, edge_index)
-        reverse = self.flow == "target_to_source"
-        if reason is None and reverse and not (isinstance(x, Tensor) and self.lin is not None):
-            reason = "flow='target_to_source' with a pair of features or separate projections"
         if reason is not None:
             return self._run_pyg(reason, x, edge_index, edge_attr, size, return_attention_weights)
         self._ran("gnnio")
@@ -373,8 +377,6 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
                 alpha_dst = score_terms(x_dst, lin if lin is not None else self.lin_dst, heads, att_dst)
             else:
                 alpha_dst = alpha_src.new_zeros(graph.num_dst_nodes, heads)
-        if reverse:  # PyG scores a reversed edge's sender with att_dst and its receiver with att_src
-            alpha_src, alpha_dst = alpha_dst, alpha_src
         # PyG's loop count: min(size) if given, else the smaller side; never beyond the graph's sides.
         given_size = [side for side in (size or ()) if side is not None]
         if given_size:
@@ -397,7 +399,7 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
             training=self.training,
             return_attention=bool(return_attention_weights),
             bias=bias,
-            pack_gradients=shared and not reverse,
+            pack_gradients=shared,
         )
         out, alpha = result if return_attention_weights else (result, None)
         return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights, bias is not None)
@@ -478,14 +480,11 @@ class GATv2Conv(_AttentionConv, pyg_name="GATv2Conv"):
 
     def _forward(self, x, edge_index, edge_attr, return_attention_weights) -> AttentionOutput:
         reason = self._reason(x, edge_index)
-        reverse = self.flow == "target_to_source"
         if reason is None:
             if not isinstance(x, Tensor) and x[1] is None:
                 reason = "target features None"
             elif edge_attr is not None and self.lin_edge is None:
                 reason = "edge_attr without edge_dim"
-            elif reverse and not isinstance(x, Tensor):
-                reason = "flow='target_to_source' with a pair of features"
         if reason is not None:
             return self._run_pyg(reason, x, edge_index, edge_attr, return_attention_weights)
         self._ran("gnnio")
@@ -501,8 +500,6 @@ class GATv2Conv(_AttentionConv, pyg_name="GATv2Conv"):
         else:
             h_src = lin_l(x_src).view(-1, heads, channels)
             h_dst = lin_r(x_dst).view(-1, heads, channels)
-        if reverse:  # PyG's reversed edge sends lin_r's projection and scores it against lin_l's
-            h_src, h_dst = h_dst, h_src
         adjacency = self.adjacency(edge_index, x_src.shape[0], x_dst.shape[0], x_src.device)
         num_loops = min(x_src.shape[0], x_dst.shape[0])
         adjacency, edge_attr = self._edges_with_loops(adjacency, num_loops, edge_attr)

@@ -11,7 +11,7 @@ from torch.nn import Parameter
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.nn.adjacency import Adjacency, appended_self_loops
-from gnnio_cli.nn.base import ConvBase, nodes_back, nodes_first
+from gnnio_cli.nn.base import ConvBase, nodes_back, nodes_first, static_sparse_reason
 from gnnio_cli.nn.linear import Linear, add_bias, zeros_
 from gnnio_cli.nn.message_passing import Edges
 from gnnio_cli.ops.spmm import gcn_norm, gcn_propagate, spmm
@@ -98,7 +98,7 @@ class GCNConv(ConvBase, pyg_name="GCNConv"):
     def _forward(self, x: Tensor, edge_index: Edges, edge_weight: Optional[Tensor]) -> Tensor:
         if isinstance(x, (tuple, list)):
             raise GnnioError("GCNConv: takes one node feature tensor, not a (source, target) pair; use SAGEConv")
-        reason = self._pyg_reason(GCN_REDUCTIONS, edge_index)
+        reason = self._pyg_reason(GCN_REDUCTIONS, edge_index) or static_sparse_reason(x, self.node_dim, edge_index)
         if reason is not None:
             return self._run_pyg(reason, x, edge_index, edge_weight)
         self._ran("gnnio")

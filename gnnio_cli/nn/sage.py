@@ -9,7 +9,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gnnio_cli.errors import GnnioError
-from gnnio_cli.nn.base import ConvBase, aggregate_neighbours, nodes_back, nodes_first, split_pair
+from gnnio_cli.nn.base import (
+    ConvBase,
+    aggregate_neighbours,
+    nodes_back,
+    nodes_first,
+    reversed_pair_reason,
+    split_pair,
+    static_sparse_reason,
+)
 from gnnio_cli.nn.linear import Linear, reset_module
 from gnnio_cli.nn.message_passing import PYG, Edges, NodeFeatures, Size
 
@@ -20,10 +28,9 @@ class _ReduceConv(ConvBase):
     """What SAGEConv and GINConv share: which calls gnnio reduces, and the reduction itself."""
 
     def _reason(self, x: NodeFeatures, edge_index: Edges) -> Optional[str]:
-        reason = self._pyg_reason(REDUCTIONS, edge_index)
-        if reason is None and not isinstance(x, Tensor) and self.flow == "target_to_source":
-            return "flow='target_to_source' with a (source, target) pair of features"
-        return reason
+        reason = self._pyg_reason(REDUCTIONS, edge_index) or reversed_pair_reason(self, x)
+        x_src = x if isinstance(x, Tensor) else x[0]
+        return reason or static_sparse_reason(x_src, self.node_dim, edge_index)
 
     def _neighbours(self, x_src: Tensor, x_dst: Optional[Tensor], edge_index: Edges, size: Size) -> Tensor:
         """The reduction of source features over each target's in-edges, nodes along node_dim."""

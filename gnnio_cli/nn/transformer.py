@@ -10,7 +10,7 @@ from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import with_self_loops
-from gnnio_cli.nn.base import ConvBase, registered_children, returned_edges, split_pair
+from gnnio_cli.nn.base import ConvBase, registered_children, returned_edges, reversed_pair_reason, split_pair
 from gnnio_cli.nn.linear import Linear, project_shared
 from gnnio_cli.nn.message_passing import AttentionOutput, Edges, NodeFeatures
 from gnnio_cli.ops import attention
@@ -164,9 +164,7 @@ class TransformerConv(ConvBase, pyg_name="TransformerConv"):
         features = edge_attr if edge_attr is not None else values if values is not None and values.dim() == 2 else None
         if (features is None) != (self.lin_edge is None) or (features is not None and features.dim() != 2):
             return "edge_attr without edge_dim, edge_dim without edge_attr, or edge_attr not [E, edge_dim]"
-        if self.flow == "target_to_source" and not isinstance(x, Tensor):
-            return "flow='target_to_source' with a pair of features"
-        return None
+        return reversed_pair_reason(self, x)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
