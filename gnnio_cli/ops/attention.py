@@ -37,11 +37,13 @@ from gnnio_cli.ops.segment import (
     check_same_dtype,
     check_tensor,
     eid_to_slot,
+    sddmm,
     segment_softmax,
     segment_sum,
     slot_sources,
     slot_targets,
     slot_to_eid,
+    sparse_matmul,
 )
 
 AttentionResult = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
@@ -97,9 +99,8 @@ def gat_attention(
     if edge_alpha is not None:
         scores = scores + eid_to_slot(graph, edge_alpha).to(compute)
     scores = F.leaky_relu(scores, negative_slope)
-    messages = x_src.to(compute).index_select(0, sources)
     result = _softmax_aggregate(
-        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
+        graph, scores, x_src.to(compute), None, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )
     return _with_bias(result, bias)
 
@@ -163,7 +164,7 @@ def gatv2_attention(
         activation = F.leaky_relu(hidden, negative_slope)
     scores = (activation * att.to(compute)).sum(-1)
     result = _softmax_aggregate(
-        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
+        graph, scores, x_src.to(compute), None, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )
     return _with_bias(result, bias)
 
@@ -212,16 +213,16 @@ def transformer_attention(
         )
     dispatch.record(op, "reference")
     compute = accumulation_dtype(query.dtype)
-    sources, targets = slot_sources(graph), slot_targets(graph)
-    keys = key.to(compute).index_select(0, sources)
-    messages = value.to(compute).index_select(0, sources)
+    queries = query.to(compute)
+    scores = sddmm(graph, queries, key.to(compute))
+    edge_slot = None
     if edge_feat is not None:
         edge_slot = eid_to_slot(graph, edge_feat).to(compute)
-        keys = keys + edge_slot
-        messages = messages + edge_slot
-    scores = (query.to(compute).index_select(0, targets) * keys).sum(-1) / math.sqrt(channels)
+        scores = scores + (queries.index_select(0, slot_targets(graph)) * edge_slot).sum(-1)
+    scores = scores / math.sqrt(channels)
     result = _softmax_aggregate(
-        graph, scores, messages, dropout, training, return_attention, query.dtype, return_dropped=False
+        graph, scores, value.to(compute), edge_slot, dropout, training, return_attention, query.dtype,
+        return_dropped=False,
     )
     return _with_bias(result, residual)
 
@@ -260,13 +261,12 @@ def agnn_attention(
         return attention_native.agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
-    sources, targets = slot_sources(graph), slot_targets(graph)
-    src_unit = F.normalize(x_src.to(compute), p=2.0, dim=-1).index_select(0, sources)
-    dst_unit = F.normalize(x_dst.to(compute), p=2.0, dim=-1).index_select(0, targets)
-    scores = beta.to(compute).reshape(()) * (src_unit * dst_unit).sum(-1, keepdim=True)
-    messages = x_src.to(compute).index_select(0, sources).unsqueeze(1)
+    src_unit = F.normalize(x_src.to(compute), p=2.0, dim=-1)
+    dst_unit = F.normalize(x_dst.to(compute), p=2.0, dim=-1)
+    scores = beta.to(compute).reshape(()) * sddmm(graph, dst_unit, src_unit).unsqueeze(1)
     result = _softmax_aggregate(
-        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=False
+        graph, scores, x_src.to(compute).unsqueeze(1), None, dropout, training, return_attention, x_src.dtype,
+        return_dropped=False,
     )
     if return_attention:
         out, alpha = result
@@ -310,7 +310,8 @@ def _check_dropout(op: str, dropout: float) -> None:
 def _softmax_aggregate(
     graph: Graph,
     scores: torch.Tensor,
-    messages: torch.Tensor,
+    x_src: torch.Tensor,
+    edge_messages: Optional[torch.Tensor],
     dropout: float,
     training: bool,
     return_attention: bool,
@@ -318,7 +319,9 @@ def _softmax_aggregate(
     *,
     return_dropped: bool,
 ) -> AttentionResult:
-    """Softmax of slot-order scores [E, H] per target, dropout, sum of alpha * messages [E, H, C].
+    """Softmax of slot-order scores [E, H] per target, dropout, and the sum of alpha * message, the message of
+    slot e being x_src[source(e)] [N, H, C] (a sparse product: no copy per edge) plus edge_messages[e]
+    ([E, H, C] slot order, or None).
 
     return_dropped: whether the returned weights are taken after dropout (GAT,
     GATv2) or before it (TransformerConv, AGNN).
@@ -328,7 +331,10 @@ def _softmax_aggregate(
     if training and dropout > 0:
         # The mask is drawn over eid-ordered weights, as PyG draws it, so a seed gives PyG's mask.
         dropped = eid_to_slot(graph, F.dropout(slot_to_eid(graph, alpha), p=dropout, training=True))
-    out = segment_sum(graph, messages * dropped.unsqueeze(-1)).to(out_dtype)
+    out = sparse_matmul(graph, dropped, x_src)
+    if edge_messages is not None:
+        out = out + segment_sum(graph, edge_messages * dropped.unsqueeze(-1))
+    out = out.to(out_dtype)
     if not return_attention:
         return out
     returned = dropped if return_dropped else alpha

@@ -21,9 +21,9 @@ from gnnio_cli.ops.segment import (
     accumulation_dtype,
     check_node_features,
     segment_extremum,
-    segment_sum,
     slot_sources,
     slot_targets,
+    sparse_matmul,
 )
 
 REDUCTIONS = ("sum", "mean", "max", "min")
@@ -56,7 +56,7 @@ def aggregate_reference(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Ten
     if reduce in ("max", "min"):
         out = _Extremum.apply(features, graph, reduce)
     else:
-        out = segment_sum(graph, features.index_select(0, slot_sources(graph)))
+        out = sparse_matmul(graph, None, features)
         if reduce == "mean":
             out = out / graph.in_degree.clamp(min=1).to(out.dtype).unsqueeze(1)
     return out.to(x.dtype).reshape(graph.num_dst_nodes, *x.shape[1:])
