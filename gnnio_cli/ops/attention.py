@@ -38,7 +38,7 @@ from gnnio_cli.ops.segment import (
     check_tensor,
     eid_to_slot,
     sddmm,
-    segment_softmax,
+    segment_exp,
     segment_sum,
     slot_sources,
     slot_targets,
@@ -320,22 +320,34 @@ def _softmax_aggregate(
     return_dropped: bool,
 ) -> AttentionResult:
     """Softmax of slot-order scores [E, H] per target, dropout, and the sum of alpha * message, the message of
-    slot e being x_src[source(e)] [N, H, C] (a sparse product: no copy per edge) plus edge_messages[e]
-    ([E, H, C] slot order, or None).
+    slot e being x_src[source(e)] [N, H, C] plus edge_messages[e] ([E, H, C] slot order, or None).
 
+    The weighted sum is a sparse product over the softmax's numerators, divided by
+    their row sums afterwards (which one more column of ones in the same product
+    gives, without dropout): no tensor per edge and feature is made, nor, unless the
+    weights are returned, the normalised weights.
     return_dropped: whether the returned weights are taken after dropout (GAT,
     GATv2) or before it (TransformerConv, AGNN).
     """
-    alpha = segment_softmax(graph, scores)
-    dropped = alpha
+    exps = segment_exp(graph, scores)
+    mask = None
     if training and dropout > 0:
         # The mask is drawn over eid-ordered weights, as PyG draws it, so a seed gives PyG's mask.
-        dropped = eid_to_slot(graph, F.dropout(slot_to_eid(graph, alpha), p=dropout, training=True))
-    out = sparse_matmul(graph, dropped, x_src)
+        mask = eid_to_slot(graph, F.dropout(exps.new_ones(exps.shape), p=dropout, training=True))
+    if mask is None:
+        numerators = exps
+        augmented = torch.cat([x_src, x_src.new_ones((*x_src.shape[:2], 1))], dim=-1)
+        summed = sparse_matmul(graph, exps, augmented)
+        out, sums = summed[..., :-1], summed[..., -1]
+    else:
+        numerators = exps * mask
+        out = sparse_matmul(graph, numerators, x_src)
+        sums = segment_sum(graph, exps)
     if edge_messages is not None:
-        out = out + segment_sum(graph, edge_messages * dropped.unsqueeze(-1))
-    out = out.to(out_dtype)
+        out = out + segment_sum(graph, edge_messages * numerators.unsqueeze(-1))
+    sums = torch.where(sums > 0, sums, 1.0)  # only empty rows sum to 0 (a row's largest numerator is 1)
+    out = (out / sums.unsqueeze(-1)).to(out_dtype)
     if not return_attention:
         return out
-    returned = dropped if return_dropped else alpha
-    return out, slot_to_eid(graph, returned).to(out_dtype)
+    alpha = (numerators if return_dropped else exps) / sums.index_select(0, slot_targets(graph))
+    return out, slot_to_eid(graph, alpha).to(out_dtype)

@@ -113,11 +113,6 @@ def slot_to_eid(graph: Graph, values: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------- segment reductions
-def _expand_rows(graph: Graph, values: torch.Tensor) -> torch.Tensor:
-    rows = slot_targets(graph)
-    return rows.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
-
-
 def segment_sum(graph: Graph, values: torch.Tensor) -> torch.Tensor:
     """[E, ...] in slot order -> [num_dst, ...]: sum over each target's slots (empty rows 0)."""
     out = values.new_zeros((graph.num_dst_nodes, *values.shape[1:]))
@@ -130,20 +125,29 @@ def segment_extremum(graph: Graph, values: torch.Tensor, reduce: str) -> torch.T
     Differentiable by torch's rule (ties share the gradient); callers that need
     a tie rule use it on detached values only.
     """
-    out = values.new_zeros((graph.num_dst_nodes, *values.shape[1:]))
-    return out.scatter_reduce(0, _expand_rows(graph, values), values, reduce, include_self=False)
+    extremum = torch.segment_reduce(values, "max" if reduce == "amax" else "min", offsets=graph.csr_indptr,
+                                    axis=0, unsafe=True)
+    empty = (graph.in_degree == 0).view(-1, *([1] * (values.dim() - 1)))
+    return extremum.masked_fill(empty, 0)
+
+
+def segment_exp(graph: Graph, scores: torch.Tensor) -> torch.Tensor:
+    """exp(scores - the maximum of their row): [E, H] in slot order, each row's largest entry 1.
+
+    A softmax's numerators: any shift of a row cancels in the softmax, this one keeps
+    every exponent <= 0 (no overflow) and every row's sum >= 1. The maximum is
+    taken from detached scores (it cancels mathematically).
+    """
+    if graph.num_edges == 0:
+        return scores.exp()
+    row_max = torch.segment_reduce(scores.detach(), "max", offsets=graph.csr_indptr, axis=0, unsafe=True)
+    return (scores - row_max.index_select(0, slot_targets(graph))).exp()
 
 
 def segment_softmax(graph: Graph, scores: torch.Tensor) -> torch.Tensor:
-    """[E, H] scores in slot order -> softmax over each target's slots, per head.
-
-    Stable: the row maximum (detached; it cancels mathematically) is subtracted
-    before exponentiating, so large scores do not overflow.
-    """
-    rows = slot_targets(graph)
-    row_max = segment_extremum(graph, scores.detach(), "amax")
-    exps = (scores - row_max.index_select(0, rows)).exp()
-    return exps / segment_sum(graph, exps).index_select(0, rows)
+    """[E, H] scores in slot order -> softmax over each target's slots, per head (stable: see segment_exp)."""
+    exps = segment_exp(graph, scores)
+    return exps / segment_sum(graph, exps).index_select(0, slot_targets(graph))
 
 
 # ---------------------------------------------------------- sparse products
@@ -164,10 +168,19 @@ def _sparse_csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, siz
 
 
 def _pattern(graph: Graph, transpose: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row pointers, int64 column indices) of the CSR (one row per target) or, transposed, of the CSC."""
-    if not transpose:
-        return graph.csr_indptr, slot_sources(graph)
-    return graph.csc_indptr, graph.cached("csc_indices_int64", lambda: graph.csc_indices.long())
+    """(row pointers, column indices) of the CSR (one row per target) or, transposed, of the CSC, in the
+    index type torch's sparse products take without a conversion per call (int32 where every offset fits)."""
+
+    def build():
+        crow, col = (graph.csc_indptr, graph.csc_indices) if transpose else (graph.csr_indptr, graph.csr_indices)
+        dtype = _index_dtype(graph.num_edges, graph.num_nodes)
+        return crow.to(dtype), col.to(dtype)
+
+    return graph.cached(("sparse_pattern", transpose), build)
+
+
+def _index_dtype(entries: int, columns: int) -> torch.dtype:
+    return torch.int32 if max(entries, columns) < 2**31 else torch.int64
 
 
 def csc_slots(graph: Graph) -> torch.Tensor:
@@ -175,45 +188,86 @@ def csc_slots(graph: Graph) -> torch.Tensor:
     return graph.cached("csc_to_csr_slot", lambda: slot_of_eid(graph).index_select(0, graph.csc_eid))
 
 
-def _ones(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
-    return graph.cached(("ones", dtype, str(graph.device)),
-                        lambda: torch.ones(graph.num_edges, dtype=dtype, device=graph.device))
+def _ones(graph: Graph, dtype: torch.dtype, heads: int = 1) -> torch.Tensor:
+    return graph.cached(("ones", dtype, heads, str(graph.device)),
+                        lambda: torch.ones(heads * graph.num_edges, dtype=dtype, device=graph.device))
 
 
-def _by_head(t: torch.Tensor) -> torch.Tensor:
-    """[N, H, C] -> contiguous [H, N, C] (one contiguous matrix per head)."""
-    return t.transpose(0, 1).contiguous()
+def _head_pattern(graph: Graph, heads: int, transpose: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pattern for every head: row r * heads + h holds row r's slots of the CSR (or CSC), with column
+    c * heads + h, so a product reads x [N, H, C] as the matrix [N * H, C] it already is.
+
+    Returns (row pointers, columns, order): entry i of the pattern holds the value
+    values.reshape(-1)[order[i]] of slot-ordered values [E, H] (CSR slot order also for the CSC).
+    """
+
+    def build():
+        crow, col = (pattern.long() for pattern in _pattern(graph, transpose))
+        degree = crow.diff()
+        rows = torch.repeat_interleave(torch.arange(degree.shape[0], device=crow.device), degree)
+        offset = torch.arange(graph.num_edges, device=crow.device) - crow[:-1].index_select(0, rows)
+        head = torch.arange(heads, device=crow.device)
+        # position of (slot e, head h) in the pattern: heads * crow[row] + h * degree[row] + offset
+        start = heads * crow[:-1].index_select(0, rows) + offset
+        position = (start.unsqueeze(1) + head * degree.index_select(0, rows).unsqueeze(1)).reshape(-1)
+        slot = csc_slots(graph) if transpose else torch.arange(graph.num_edges, device=crow.device)
+        order = torch.empty_like(position)
+        order[position] = (slot.unsqueeze(1) * heads + head).reshape(-1)
+        head_col = torch.empty_like(position)
+        head_col[position] = (col.unsqueeze(1) * heads + head).reshape(-1)
+        head_crow = torch.cat([
+            (heads * crow[:-1].unsqueeze(1) + head * degree.unsqueeze(1)).reshape(-1),
+            crow.new_full((1,), heads * graph.num_edges),
+        ])
+        dtype = _index_dtype(heads * graph.num_edges, heads * graph.num_nodes)
+        return head_crow.to(dtype), head_col.to(dtype), order
+
+    return graph.cached(("head_pattern", heads, transpose), build)
+
+
+def _slot_order(graph: Graph, heads: int) -> torch.Tensor:
+    """The inverse of the CSR head pattern's order: pattern entries -> [E, H] slot order."""
+
+    def build():
+        order = _head_pattern(graph, heads, False)[2]
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.shape[0], device=order.device)
+        return inverse
+
+    return graph.cached(("head_pattern_inverse", heads), build)
 
 
 def _matmul(graph: Graph, values: Optional[torch.Tensor], x: torch.Tensor, transpose: bool) -> torch.Tensor:
     num_rows = graph.num_src_nodes if transpose else graph.num_dst_nodes
     if graph.num_edges == 0 or x.numel() == 0:
         return x.new_zeros((num_rows, *x.shape[1:]))
-    crow, col = _pattern(graph, transpose)
-    size = (num_rows, x.shape[0])
-    if values is None:
-        values = _ones(graph, x.dtype)
-    elif transpose:
-        values = values.index_select(0, csc_slots(graph))
-    if values.dim() == 1:
+    if values is None or values.dim() == 1:
+        if values is None:
+            values = _ones(graph, x.dtype)
+        elif transpose:
+            values = values.index_select(0, csc_slots(graph))
+        crow, col = _pattern(graph, transpose)
         flat = x.reshape(x.shape[0], -1)
-        return (_sparse_csr(crow, col, values, size) @ flat).view(num_rows, *x.shape[1:])
-    per_head_values, per_head_x = values.t().contiguous(), _by_head(x)
-    out = [_sparse_csr(crow, col, per_head_values[head], size) @ per_head_x[head] for head in range(values.shape[1])]
-    return torch.stack(out, dim=1)
+        return (_sparse_csr(crow, col, values, (num_rows, x.shape[0])) @ flat).view(num_rows, *x.shape[1:])
+    heads = values.shape[1]
+    crow, col, order = _head_pattern(graph, heads, transpose)
+    matrix = _sparse_csr(crow, col, values.reshape(-1).index_select(0, order), (num_rows * heads, x.shape[0] * heads))
+    return (matrix @ x.reshape(-1, x.shape[2])).view(num_rows, heads, -1)
 
 
 def _sddmm(graph: Graph, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if graph.num_edges == 0:
         return a.new_zeros((0, *a.shape[1:-1]))
-    crow, col = _pattern(graph, False)
-    pattern = _sparse_csr(crow, col, _ones(graph, a.dtype), (graph.num_dst_nodes, graph.num_src_nodes))
     if a.dim() == 2:
+        crow, col = _pattern(graph, False)
+        pattern = _sparse_csr(crow, col, _ones(graph, a.dtype), (graph.num_dst_nodes, graph.num_src_nodes))
         return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0).values()
-    per_head_a, per_head_b = _by_head(a), _by_head(b)
-    out = [torch.sparse.sampled_addmm(pattern, per_head_a[head], per_head_b[head].t(), beta=0.0).values()
-           for head in range(a.shape[1])]
-    return torch.stack(out, dim=1)
+    heads = a.shape[1]
+    crow, col, _ = _head_pattern(graph, heads, False)
+    size = (heads * graph.num_dst_nodes, heads * graph.num_src_nodes)
+    pattern = _sparse_csr(crow, col, _ones(graph, a.dtype, heads), size)
+    values = torch.sparse.sampled_addmm(pattern, a.reshape(-1, a.shape[2]), b.reshape(-1, b.shape[2]).t(), beta=0.0)
+    return values.values().index_select(0, _slot_order(graph, heads)).view(-1, heads)
 
 
 class _SparseMatmul(torch.autograd.Function):
