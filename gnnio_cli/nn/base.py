@@ -122,8 +122,10 @@ class ConvBase(MessagePassingBase):
         Without target features or a count for them, there are as many targets as sources (PyG's rule).
         With flow="target_to_source" the edges are read reversed (edge_index[1] -> edge_index[0]).
         """
-        name = type(self).__name__
         reverse = self.flow == "target_to_source"
+        if size is None and not reverse and type(edges) is Tensor and edges.layout == torch.strided:
+            return as_adjacency(edges, num_src, num_src if num_dst is None else num_dst, device)  # the common call
+        name = type(self).__name__
         sparse = isinstance(edges, Tensor) and edges.layout in SPARSE_LAYOUTS
         if reverse and (sparse or isinstance(edges, Graph)):
             raise GnnioError(

@@ -318,9 +318,9 @@ def sparse_matmul(
     Empty rows give 0. Differentiable in values and x (twice: the backward is built from these products);
     no tensor per edge and feature is made in either direction.
     """
-    if values is None and not x.requires_grad:
-        return _matmul(graph, None, x, transpose)
-    return _SparseMatmul.apply(values, x, graph, transpose)
+    if _differentiable(values, x):
+        return _SparseMatmul.apply(values, x, graph, transpose)
+    return _matmul(graph, values, x, transpose)
 
 
 def sddmm(graph: Graph, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -329,4 +329,11 @@ def sddmm(graph: Graph, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a: [num_dst, F] or [num_dst, H, C]; b: [num_src, F] or [num_src, H, C].
     Returns [E] or [E, H] in slot order. Differentiable in a and b, without a tensor per edge and feature.
     """
-    return _Sddmm.apply(a, b, graph)
+    if _differentiable(a, b):
+        return _Sddmm.apply(a, b, graph)
+    return _sddmm(graph, a, b)
+
+
+def _differentiable(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether autograd must see the product (an autograd.Function's apply costs the host ~15 us)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
