@@ -147,22 +147,9 @@ def gatv2_attention(
         return attention_native.gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention, bias)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
-    sources, targets = slot_sources(graph), slot_targets(graph)
-    messages = x_src.to(compute).index_select(0, sources)
-    rounding = compute != x_src.dtype  # 16-bit features: hidden terms rounded to their dtype (see above)
-
-    def rounded(t: torch.Tensor) -> torch.Tensor:
-        return t.to(x_src.dtype).to(compute) if rounding else t
-
-    hidden = rounded(messages + x_dst.to(compute).index_select(0, targets))
-    if edge_feat is not None:
-        hidden = rounded(hidden + eid_to_slot(graph, edge_feat).to(compute))
-    if rounding:
-        slope = torch.tensor(negative_slope, dtype=x_src.dtype).item()
-        activation = torch.where(hidden > 0, hidden, rounded(hidden * slope))
-    else:
-        activation = F.leaky_relu(hidden, negative_slope)
-    scores = (activation * att.to(compute)).sum(-1)
+    edge_slot = None if edge_feat is None else eid_to_slot(graph, edge_feat).to(compute)
+    scores = _GatV2Scores.apply(x_src.to(compute), x_dst.to(compute), att.to(compute), edge_slot, graph,
+                                negative_slope, x_src.dtype)
     result = _softmax_aggregate(
         graph, scores, x_src.to(compute), None, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )
@@ -274,6 +261,95 @@ def agnn_attention(
     return result.squeeze(1)
 
 
+class _GatV2Scores(torch.autograd.Function):
+    """GATv2's scores [E, H] in slot order (see gatv2_attention), formed and differentiated a block of slots
+    at a time: the hidden terms [E, H, C] never exist whole and are recomputed in backward rather than kept.
+
+    forward(x_src [Ns, H, C], x_dst [Nd, H, C], att [H, C], edge_slot [E, H, C] or None (slot order), graph,
+    negative_slope, dtype): inputs in the compute dtype; `dtype` is the features' own, whose rounding of the
+    hidden terms is reproduced (the rounding's derivative taken as 1, as autograd takes a cast's).
+    """
+
+    @staticmethod
+    def forward(ctx, x_src, x_dst, att, edge_slot, graph, negative_slope, dtype):
+        ctx.save_for_backward(x_src, x_dst, att, edge_slot)
+        ctx.graph, ctx.negative_slope, ctx.dtype = graph, negative_slope, dtype
+        heads, channels = att.shape
+        weight = _head_dot_weight(att)
+        scores = x_src.new_empty(graph.num_edges, heads)
+        for block in _slot_blocks(graph.num_edges, heads * channels):
+            hidden = _gatv2_hidden(graph, block, x_src, x_dst, edge_slot, dtype)
+            activated = _gatv2_activation(hidden, negative_slope, dtype)
+            torch.mm(activated.view(hidden.shape[0], -1), weight, out=scores[block])
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x_src, x_dst, att, edge_slot = ctx.saved_tensors
+        graph, negative_slope, dtype = ctx.graph, ctx.negative_slope, ctx.dtype
+        heads, channels = att.shape
+        weight = _head_dot_weight(att)
+        slope = _rounded_slope(negative_slope, dtype)
+        grad_src, grad_dst = torch.zeros_like(x_src), torch.zeros_like(x_dst)
+        grad_weight = att.new_zeros(heads * channels, heads)
+        grad_edge = None if edge_slot is None or not ctx.needs_input_grad[3] else torch.empty_like(edge_slot)
+        sources, targets = slot_sources(graph), slot_targets(graph)
+        for block in _slot_blocks(graph.num_edges, heads * channels):
+            hidden = _gatv2_hidden(graph, block, x_src, x_dst, edge_slot, dtype)
+            activated = _gatv2_activation(hidden, negative_slope, dtype).view(hidden.shape[0], -1)
+            grad_block = grad[block]
+            grad_weight.addmm_(activated.t(), grad_block)
+            grad_hidden = torch.mm(grad_block, weight.t()).view_as(hidden)
+            # LeakyReLU's own backward: one pass (torch.where of a mask costs ten on the CPU)
+            grad_hidden = torch.ops.aten.leaky_relu_backward(grad_hidden, hidden, slope, False)
+            grad_src.index_add_(0, sources[block], grad_hidden)
+            grad_dst.index_add_(0, targets[block], grad_hidden)
+            if grad_edge is not None:
+                grad_edge[block] = grad_hidden
+        grad_att = grad_weight.view(heads, channels, heads).diagonal(dim1=0, dim2=2).t()
+        return grad_src, grad_dst, grad_att, grad_edge, None, None, None
+
+
+def _head_dot_weight(att: torch.Tensor) -> torch.Tensor:
+    """B [H * C, H] with B[h * C + c, h] = att[h, c]: hidden [n, H * C] @ B = the per-head dots with att."""
+    heads = att.shape[0]
+    eye = torch.eye(heads, dtype=att.dtype, device=att.device)
+    return (att.unsqueeze(-1) * eye.unsqueeze(1)).reshape(-1, heads)
+
+
+def _slot_blocks(num_edges: int, width: int) -> list:
+    """Slices of slots whose hidden terms take about 2^21 numbers (8 MiB in fp32): they stay in cache."""
+    size = max(1, (1 << 21) // max(width, 1))
+    return [slice(start, min(start + size, num_edges)) for start in range(0, num_edges, size)]
+
+
+def _rounded_slope(negative_slope: float, dtype: torch.dtype) -> float:
+    """The LeakyReLU slope as PyG's layer sees it in `dtype`."""
+    return torch.tensor(negative_slope, dtype=dtype).item()
+
+
+def _gatv2_hidden(graph, block: slice, x_src, x_dst, edge_slot, dtype) -> torch.Tensor:
+    """x_src[s] + x_dst[t] (+ edge_slot[e]) for the slots in `block`, each sum rounded to `dtype` (16-bit)."""
+    rounding = dtype != x_src.dtype
+    hidden = x_src.index_select(0, slot_sources(graph)[block])
+    hidden += x_dst.index_select(0, slot_targets(graph)[block])
+    if rounding:
+        hidden = hidden.to(dtype).to(x_src.dtype)
+    if edge_slot is not None:
+        hidden += edge_slot[block]
+        if rounding:
+            hidden = hidden.to(dtype).to(x_src.dtype)
+    return hidden
+
+
+def _gatv2_activation(hidden: torch.Tensor, negative_slope: float, dtype) -> torch.Tensor:
+    """LeakyReLU of the hidden terms; in 16 bits the negative side slope * hidden is rounded to `dtype`."""
+    if dtype == hidden.dtype:
+        return F.leaky_relu(hidden, negative_slope)
+    negative = (hidden * _rounded_slope(negative_slope, dtype)).to(dtype).to(hidden.dtype)
+    return torch.where(hidden > 0, hidden, negative)
+
+
 # ----------------------------------------------------------------- shared
 def _check_heads(op: str, name: str, tensor: torch.Tensor, graph: Graph, num_nodes: int) -> int:
     """Check a [N, H, C] tensor; return H."""
@@ -345,7 +421,7 @@ def _softmax_aggregate(
         sums = segment_sum(graph, exps)
     if edge_messages is not None:
         out = out + segment_sum(graph, edge_messages * numerators.unsqueeze(-1))
-    sums = torch.where(sums > 0, sums, 1.0)  # only empty rows sum to 0 (a row's largest numerator is 1)
+    sums = sums.clamp(min=1.0)  # exact: a row's largest numerator is 1, only empty rows sum to 0
     out = (out / sums.unsqueeze(-1)).to(out_dtype)
     if not return_attention:
         return out
