@@ -193,6 +193,17 @@ def _ones(graph: Graph, dtype: torch.dtype, heads: int = 1) -> torch.Tensor:
                         lambda: torch.ones(heads * graph.num_edges, dtype=dtype, device=graph.device))
 
 
+def mean_weights(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
+    """[E] in slot order: 1 / in-degree of each slot's target, so that a sparse product with these weights is
+    the mean over each row (cached per dtype)."""
+
+    def build():
+        inverse_degree = 1.0 / graph.in_degree.clamp(min=1).to(dtype)
+        return inverse_degree.index_select(0, slot_targets(graph))
+
+    return graph.cached(("mean_weights", dtype, str(graph.device)), build)
+
+
 def _head_pattern(graph: Graph, heads: int, transpose: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One pattern for every head: row r * heads + h holds row r's slots of the CSR (or CSC), with column
     c * heads + h, so a product reads x [N, H, C] as the matrix [N * H, C] it already is.
