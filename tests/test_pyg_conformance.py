@@ -476,31 +476,34 @@ def test_explainer_edge_masks_match_pyg(name):
 
 
 # --------------------------------------------------------- permutations
+def permuted_outputs(name: str, device, seed: int, permute):
+    """(PyG's output on a random graph, gnnio's on the inputs permute(edge_index, x) returns)."""
+    theirs, ours = twins(name, device=device)
+    edge_index, x = edges(seed, device=device), randn(NUM_NODES, F_IN, seed=seed + 1, device=device)
+    with torch.no_grad():
+        expected = forward_call(name, edge_index, attention=False)(theirs, {"x": x})
+        permuted_edges, permuted_x = permute(edge_index, x)
+        return expected, forward_call(name, permuted_edges, attention=False)(ours, {"x": permuted_x})
+
+
 @devices
 @layers
 def test_edge_permutation_changes_nothing_as_in_pyg(device, name):
-    theirs, ours = twins(name, device=device)
-    edge_index = edges(34, device=device)
-    x = randn(NUM_NODES, F_IN, seed=35, device=device)
-    permutation = torch.randperm(edge_index.shape[1], generator=torch.Generator().manual_seed(36)).to(device)
-    with torch.no_grad():
-        expected = forward_call(name, edge_index, attention=False)(theirs, {"x": x})
-        permuted = forward_call(name, edge_index[:, permutation], attention=False)(ours, {"x": x})
+    def permute(edge_index, x):
+        order = torch.randperm(edge_index.shape[1], generator=torch.Generator().manual_seed(36)).to(device)
+        return edge_index[:, order], x
+
+    expected, permuted = permuted_outputs(name, device, 34, permute)
     torch.testing.assert_close(permuted, expected, **TOLERANCE)
 
 
 @devices
 @layers
 def test_node_permutation_permutes_the_output_as_in_pyg(device, name):
-    theirs, ours = twins(name, device=device)
-    edge_index = edges(37, device=device)
-    x = randn(NUM_NODES, F_IN, seed=38, device=device)
     permutation = torch.randperm(NUM_NODES, generator=torch.Generator().manual_seed(39)).to(device)
     new_id = torch.empty_like(permutation)
     new_id[permutation] = torch.arange(NUM_NODES, device=device)
-    with torch.no_grad():
-        expected = forward_call(name, edge_index, attention=False)(theirs, {"x": x})
-        permuted = forward_call(name, new_id[edge_index], attention=False)(ours, {"x": x[permutation]})
+    expected, permuted = permuted_outputs(name, device, 37, lambda edge_index, x: (new_id[edge_index], x[permutation]))
     torch.testing.assert_close(permuted, expected[permutation], **TOLERANCE)
 
 

@@ -22,6 +22,8 @@ from gnnio_cli.nn.adjacency import (
 from gnnio_cli.nn.message_passing import (
     NATIVE_REDUCTIONS,
     PYG,
+    AttentionOutput,
+    Edges,
     MessagePassingBase,
     NodeFeatures,
     Size,
@@ -156,6 +158,23 @@ class ConvBase(MessagePassingBase):
         if counts[1] is None:
             counts[1] = counts[0]
         return as_adjacency(plain_edges(edges), counts[0], counts[1], device, reverse=reverse)
+
+
+class EdgeFeaturesForward:
+    """forward(x, edge_index, edge_attr=None, return_attention_weights=None): the signature GATv2Conv and
+    TransformerConv share with PyG's; TorchScript compiles PyG's forward, eager calls run the layer's _forward."""
+
+    def forward(
+        self,
+        x: NodeFeatures,
+        edge_index: Edges,
+        edge_attr: Optional[Tensor] = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> AttentionOutput:
+        if torch.jit.is_scripting():
+            return self._pyg_forward(x, edge_index, edge_attr, return_attention_weights)
+        else:
+            return self._forward(x, edge_index, edge_attr, return_attention_weights)
 
 
 def reversed_pair_reason(layer: ConvBase, x: NodeFeatures) -> Optional[str]:

@@ -13,6 +13,7 @@ from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, FillValue, with_self_loops
 from gnnio_cli.nn.base import (
     ConvBase,
+    EdgeFeaturesForward,
     registered_children,
     registered_parameters,
     returned_edges,
@@ -408,7 +409,7 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-class GATv2Conv(_AttentionConv, pyg_name="GATv2Conv"):
+class GATv2Conv(EdgeFeaturesForward, _AttentionConv, pyg_name="GATv2Conv"):
     """GATv2 (Brody et al.: LeakyReLU inside the score), as PyG 2.8's GATv2Conv.
 
     Options as GATConv, plus:
@@ -465,18 +466,6 @@ class GATv2Conv(_AttentionConv, pyg_name="GATv2Conv"):
             self.res.reset_parameters()
         glorot_(self.att)
         zeros_(self.bias)
-
-    def forward(
-        self,
-        x: NodeFeatures,
-        edge_index: Edges,
-        edge_attr: Optional[Tensor] = None,
-        return_attention_weights: Optional[bool] = None,
-    ) -> AttentionOutput:
-        if torch.jit.is_scripting():
-            return self._pyg_forward(x, edge_index, edge_attr, return_attention_weights)
-        else:
-            return self._forward(x, edge_index, edge_attr, return_attention_weights)
 
     def _forward(self, x, edge_index, edge_attr, return_attention_weights) -> AttentionOutput:
         reason = self._reason(x, edge_index)

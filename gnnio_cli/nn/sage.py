@@ -25,7 +25,13 @@ REDUCTIONS = ("sum", "mean", "max", "min")
 
 
 class _ReduceConv(ConvBase):
-    """What SAGEConv and GINConv share: which calls gnnio reduces, and the reduction itself."""
+    """What SAGEConv and GINConv share: forward's signature, which calls gnnio reduces, the reduction itself."""
+
+    def forward(self, x: NodeFeatures, edge_index: Edges, size: Size = None) -> Tensor:
+        if torch.jit.is_scripting():
+            return self._pyg_forward(x, edge_index, size)
+        else:
+            return self._forward(x, edge_index, size)
 
     def _reason(self, x: NodeFeatures, edge_index: Edges) -> Optional[str]:
         reason = self._pyg_reason(REDUCTIONS, edge_index) or reversed_pair_reason(self, x)
@@ -99,12 +105,6 @@ class SAGEConv(_ReduceConv, pyg_name="SAGEConv"):
         if self.root_weight:
             self.lin_r.reset_parameters()
 
-    def forward(self, x: NodeFeatures, edge_index: Edges, size: Size = None) -> Tensor:
-        if torch.jit.is_scripting():
-            return self._pyg_forward(x, edge_index, size)
-        else:
-            return self._forward(x, edge_index, size)
-
     def _forward(self, x: NodeFeatures, edge_index: Edges, size: Size) -> Tensor:
         reason = self._reason(x, edge_index)
         if reason is not None:
@@ -149,12 +149,6 @@ class GINConv(_ReduceConv, pyg_name="GINConv"):
         super().reset_parameters()
         reset_module(self.nn)
         self.eps.data.fill_(self.initial_eps)
-
-    def forward(self, x: NodeFeatures, edge_index: Edges, size: Size = None) -> Tensor:
-        if torch.jit.is_scripting():
-            return self._pyg_forward(x, edge_index, size)
-        else:
-            return self._forward(x, edge_index, size)
 
     def _forward(self, x: NodeFeatures, edge_index: Edges, size: Size) -> Tensor:
         reason = self._reason(x, edge_index)

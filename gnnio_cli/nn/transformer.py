@@ -10,13 +10,13 @@ from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import with_self_loops
-from gnnio_cli.nn.base import ConvBase, registered_children, returned_edges, reversed_pair_reason, split_pair
+from gnnio_cli.nn.base import ConvBase, EdgeFeaturesForward, registered_children, returned_edges, reversed_pair_reason, split_pair
 from gnnio_cli.nn.linear import Linear, project_shared
 from gnnio_cli.nn.message_passing import AttentionOutput, Edges, NodeFeatures
 from gnnio_cli.ops import attention
 
 
-class TransformerConv(ConvBase, pyg_name="TransformerConv"):
+class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv"):
     """Scaled dot-product attention over each target's in-edges, as PyG 2.8's TransformerConv.
 
     in_channels:  int, or (source, target) widths; -1 is lazy.
@@ -87,18 +87,6 @@ class TransformerConv(ConvBase, pyg_name="TransformerConv"):
         self.lin_skip.reset_parameters()
         if self.beta:
             self.lin_beta.reset_parameters()
-
-    def forward(
-        self,
-        x: NodeFeatures,
-        edge_index: Edges,
-        edge_attr: Optional[Tensor] = None,
-        return_attention_weights: Optional[bool] = None,
-    ) -> AttentionOutput:
-        if torch.jit.is_scripting():
-            return self._pyg_forward(x, edge_index, edge_attr, return_attention_weights)
-        else:
-            return self._forward(x, edge_index, edge_attr, return_attention_weights)
 
     def _forward(self, x, edge_index, edge_attr, return_attention_weights) -> AttentionOutput:
         reason = self._reason(x, edge_index, edge_attr)
