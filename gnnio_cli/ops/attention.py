@@ -44,6 +44,8 @@ from gnnio_cli.ops.segment import (
     slot_targets,
     slot_to_eid,
     sparse_matmul,
+    sum_by_source,
+    sum_by_target,
 )
 
 AttentionResult = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
@@ -263,11 +265,14 @@ def agnn_attention(
 
 class _GatV2Scores(torch.autograd.Function):
     """GATv2's scores [E, H] in slot order (see gatv2_attention), formed and differentiated a block of slots
-    at a time: the hidden terms [E, H, C] never exist whole and are recomputed in backward rather than kept.
+    at a time: the hidden terms [E, H, C] never exist whole; with more than one block they are recomputed
+    in backward rather than kept (one block, a graph of a few thousand edges, keeps them).
 
     forward(x_src [Ns, H, C], x_dst [Nd, H, C], att [H, C], edge_slot [E, H, C] or None (slot order), graph,
     negative_slope, dtype): inputs in the compute dtype; `dtype` is the features' own, whose rounding of the
     hidden terms is reproduced (the rounding's derivative taken as 1, as autograd takes a cast's).
+    Backward sums the hidden terms' gradients per target with sparse products over the block's rows, and
+    per source likewise over the CSC when one block covers every slot (else with index_add).
     """
 
     @staticmethod
@@ -277,10 +282,14 @@ class _GatV2Scores(torch.autograd.Function):
         heads, channels = att.shape
         weight = _head_dot_weight(att)
         scores = x_src.new_empty(graph.num_edges, heads)
-        for block in _slot_blocks(graph.num_edges, heads * channels):
+        blocks = _slot_blocks(graph.num_edges, heads * channels)
+        ctx.kept = None
+        for block in blocks:
             hidden = _gatv2_hidden(graph, block, x_src, x_dst, edge_slot, dtype)
             activated = _gatv2_activation(hidden, negative_slope, dtype)
             torch.mm(activated.view(hidden.shape[0], -1), weight, out=scores[block])
+            if len(blocks) == 1:
+                ctx.kept = (hidden, activated)
         return scores
 
     @staticmethod
@@ -293,19 +302,26 @@ class _GatV2Scores(torch.autograd.Function):
         grad_src, grad_dst = torch.zeros_like(x_src), torch.zeros_like(x_dst)
         grad_weight = att.new_zeros(heads * channels, heads)
         grad_edge = None if edge_slot is None or not ctx.needs_input_grad[3] else torch.empty_like(edge_slot)
-        sources, targets = slot_sources(graph), slot_targets(graph)
-        for block in _slot_blocks(graph.num_edges, heads * channels):
-            hidden = _gatv2_hidden(graph, block, x_src, x_dst, edge_slot, dtype)
-            activated = _gatv2_activation(hidden, negative_slope, dtype).view(hidden.shape[0], -1)
+        blocks = _slot_blocks(graph.num_edges, heads * channels)
+        for block in blocks:
+            if ctx.kept is not None:
+                hidden, activated = ctx.kept
+            else:
+                hidden = _gatv2_hidden(graph, block, x_src, x_dst, edge_slot, dtype)
+                activated = _gatv2_activation(hidden, negative_slope, dtype)
             grad_block = grad[block]
-            grad_weight.addmm_(activated.t(), grad_block)
+            grad_weight.addmm_(activated.view(hidden.shape[0], -1).t(), grad_block)
             grad_hidden = torch.mm(grad_block, weight.t()).view_as(hidden)
             # LeakyReLU's own backward: one pass (torch.where of a mask costs ten on the CPU)
             grad_hidden = torch.ops.aten.leaky_relu_backward(grad_hidden, hidden, slope, False)
-            grad_src.index_add_(0, sources[block], grad_hidden)
-            grad_dst.index_add_(0, targets[block], grad_hidden)
+            sum_by_target(graph, block, grad_hidden, grad_dst)
+            if len(blocks) == 1:
+                grad_src += sum_by_source(graph, grad_hidden)
+            else:
+                grad_src.index_add_(0, slot_sources(graph)[block], grad_hidden)
             if grad_edge is not None:
                 grad_edge[block] = grad_hidden
+        ctx.kept = None
         grad_att = grad_weight.view(heads, channels, heads).diagonal(dim1=0, dim2=2).t()
         return grad_src, grad_dst, grad_att, grad_edge, None, None, None
 

@@ -193,6 +193,35 @@ def _ones(graph: Graph, dtype: torch.dtype, heads: int = 1) -> torch.Tensor:
                         lambda: torch.ones(heads * graph.num_edges, dtype=dtype, device=graph.device))
 
 
+def sum_by_target(graph: Graph, block: slice, values: torch.Tensor, out: torch.Tensor) -> None:
+    """out[t] += the sum of values over t's slots in `block` (values [n, ...]: those slots' rows, in order),
+    as a sparse product over the rows the block touches (no atomics, unlike index_add)."""
+    count = block.stop - block.start
+    if count <= 0:
+        return
+    rows = slot_targets(graph)
+    first, last = int(rows[block.start]), int(rows[block.stop - 1])
+    _, col = _pattern(graph, False)
+    crow = (graph.csr_indptr[first:last + 2].clamp(block.start, block.stop) - block.start).to(col.dtype)
+    columns = _slot_columns(graph, col.dtype)[:count]
+    matrix = _sparse_csr(crow, columns, _ones(graph, values.dtype)[:count], (last - first + 1, count))
+    out[first:last + 1] += (matrix @ values.reshape(count, -1)).view(-1, *values.shape[1:])
+
+
+def sum_by_source(graph: Graph, values: torch.Tensor) -> torch.Tensor:
+    """[E, ...] in slot order -> [num_src, ...]: the sum over each source's slots (a sparse product over the CSC)."""
+    if graph.num_edges == 0:
+        return values.new_zeros((graph.num_src_nodes, *values.shape[1:]))
+    crow, col = _pattern(graph, True)
+    columns = graph.cached(("csc_slot_columns", col.dtype), lambda: csc_slots(graph).to(col.dtype))
+    matrix = _sparse_csr(crow, columns, _ones(graph, values.dtype), (graph.num_src_nodes, graph.num_edges))
+    return (matrix @ values.reshape(graph.num_edges, -1)).view(-1, *values.shape[1:])
+
+
+def _slot_columns(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
+    return graph.cached(("slot_columns", dtype), lambda: torch.arange(graph.num_edges, dtype=dtype, device=graph.device))
+
+
 def mean_weights(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     """[E] in slot order: 1 / in-degree of each slot's target, so that a sparse product with these weights is
     the mean over each row (cached per dtype)."""
