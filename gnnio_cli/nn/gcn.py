@@ -105,6 +105,12 @@ class GCNConv(ConvBase, pyg_name="GCNConv"):
         reduce = self.reduction()
         num_nodes = x.shape[self.node_dim]
         cache = self._cached_edge_index if self.normalize else None
+        served = self._cached_graph
+        if cache is not None and served is not None and served[0] is cache:
+            # the graph kept with this cache holds its normalisation: the edges passed are not read, as in PyG
+            h = nodes_first(self.lin(x), self.node_dim)
+            out = gcn_propagate(served[1], h, None, improved=self.improved, add_self_loops=self.add_self_loops)
+            return self._finish(out)
         if cache is not None:
             edge_index, edge_weight = cache
         elif self.normalize and isinstance(edge_index, Tensor) and edge_index.layout == torch.sparse_csc:
@@ -112,11 +118,7 @@ class GCNConv(ConvBase, pyg_name="GCNConv"):
         adjacency = self.adjacency(edge_index, num_nodes, num_nodes, x.device)
         h = nodes_first(self.lin(x), self.node_dim)
         if not self.normalize or cache is not None:
-            served = self._cached_graph
-            if cache is not None and served is not None and served[0] is cache:
-                out = gcn_propagate(served[1], h, None, improved=self.improved, add_self_loops=self.add_self_loops)
-            else:
-                out = spmm(adjacency.graph, h, adjacency.values if adjacency.is_sparse else edge_weight, reduce=reduce)
+            out = spmm(adjacency.graph, h, adjacency.values if adjacency.is_sparse else edge_weight, reduce=reduce)
         elif self.cached:
             out = self._cache_normalization(adjacency, h, edge_weight, reduce)
         elif adjacency.is_sparse or reduce != "sum":
@@ -124,6 +126,10 @@ class GCNConv(ConvBase, pyg_name="GCNConv"):
             out = spmm(graph, h, values, reduce=reduce)
         else:
             out = gcn_propagate(adjacency.graph, h, edge_weight, improved=self.improved, add_self_loops=self.add_self_loops)
+        return self._finish(out)
+
+    def _finish(self, out: Tensor) -> Tensor:
+        """The propagated features with the node axis back in place, plus the bias."""
         out = nodes_back(out, self.node_dim)
         if self.bias is not None:
             out = add_bias(out, self.bias)
