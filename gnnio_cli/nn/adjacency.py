@@ -1,8 +1,9 @@
 """Turning what a PyG layer is handed into a cached :class:`Graph`.
 
-PyG layers accept the edges three ways, and so do gnnio's:
+PyG layers accept the edges in these forms, and so do gnnio's:
 
-- an ``edge_index`` tensor ``[2, E]`` (row 0 sources, row 1 targets);
+- an ``edge_index`` tensor ``[2, E]`` (row 0 sources, row 1 targets; reversed
+  for ``flow="target_to_source"``), or PyG's ``EdgeIndex`` holding one;
 - a torch sparse adjacency (COO, CSR or CSC) in PyG's ``adj_t`` convention:
   shape ``[num_dst, num_src]``, entry ``[t, s]`` is the edge s -> t, its value
   the edge weight (or the edge features, for values of shape ``[nnz, D]``);
@@ -38,6 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import appended_self_loops, edge_messages_graph, replaced_self_loops
+from gnnio_cli.nn.message_passing import PYG
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 LOOP_FILL_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean", "min": "amin", "max": "amax"}
@@ -45,8 +47,23 @@ LOOP_FILL_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean", "min": "amin
 EdgesInput = Union[Tensor, Graph]
 FillValue = Union[None, float, int, Tensor, str]
 
-# edge_index or sparse tensor -> {(num_src, num_dst, device): (snapshot of its ids, Adjacency)}
+# edge_index or sparse tensor -> {(num_src, num_dst, device, ...): (snapshot of its ids, Adjacency)}
 _ADJACENCY_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+class EdgeIndexError(GnnioError, IndexError, RuntimeError):
+    """A malformed edge_index or a node id outside the features. PyG raises a ValueError, an
+    IndexError or a RuntimeError for these, depending on the layer and the fault; this is all three."""
+
+
+def is_edge_index_class(edges) -> bool:
+    """Whether `edges` is PyG's EdgeIndex."""
+    return PYG is not None and isinstance(edges, PYG.edge_index)
+
+
+def plain_edges(edges):
+    """The plain tensor inside PyG's EdgeIndex; any other input unchanged."""
+    return edges.as_tensor() if is_edge_index_class(edges) else edges
 
 
 @dataclass(frozen=True)
@@ -64,14 +81,20 @@ class Adjacency:
     graph: Graph
     values: Optional[Tensor] = None
     layout: Optional[torch.layout] = None
+    reversed: bool = False
 
     @property
     def is_sparse(self) -> bool:
         return self.layout is not None
 
     def edge_index(self) -> Tensor:
-        """int64 [2, E] on the graph's device, in edge-id order."""
+        """int64 [2, E] (sources, targets) on the graph's device, in edge-id order."""
         return self.graph.edge_index()
+
+    def given_edge_index(self) -> Tensor:
+        """int64 [2, E] in edge-id order, its rows as the input had them (flipped back when reversed)."""
+        edge_index = self.graph.edge_index()
+        return edge_index.flip(0) if self.reversed else edge_index
 
     def to_sparse(self, values: Tensor) -> Tensor:
         """A sparse ``adj_t`` [num_dst, num_src] of this adjacency's layout holding `values` [E, ...].
@@ -89,10 +112,13 @@ class Adjacency:
         return coo
 
 
-def as_adjacency(edges: EdgesInput, num_src: int, num_dst: int, device: torch.device) -> Adjacency:
+def as_adjacency(edges: EdgesInput, num_src: int, num_dst: int, device: torch.device, *,
+                 reverse: bool = False) -> Adjacency:
     """The cached Adjacency for `edges` with `num_src` sources and `num_dst` targets on `device`.
 
-    edges: int [2, E] edge_index, torch sparse adj_t [num_dst, num_src], or a Graph.
+    edges:   int [2, E] edge_index, torch sparse adj_t [num_dst, num_src], or a Graph.
+    reverse: read an edge_index's row 1 as the sources and row 0 as the targets
+             (PyG's flow="target_to_source"); edge ids keep the columns' order.
     """
     if isinstance(edges, Graph):
         if (edges.num_src_nodes, edges.num_dst_nodes) != (num_src, num_dst):
@@ -109,15 +135,19 @@ def as_adjacency(edges: EdgesInput, num_src: int, num_dst: int, device: torch.de
     if edges.layout in SPARSE_LAYOUTS:
         return _sparse_adjacency(edges, num_src, num_dst, device)
     if edges.layout != torch.strided:
-        raise GnnioError(f"edge_index: unsupported tensor layout {edges.layout}")
+        raise EdgeIndexError(f"edge_index: unsupported tensor layout {edges.layout}")
     if edges.dtype.is_floating_point or edges.dtype.is_complex or edges.dtype == torch.bool:
-        raise GnnioError(f"edge_index must hold integers, got dtype {edges.dtype}")
+        raise EdgeIndexError(f"edge_index must hold integers, got dtype {edges.dtype}")
     if edges.dim() != 2 or edges.shape[0] != 2:
-        raise GnnioError(f"edge_index must have shape [2, E], got {tuple(edges.shape)}")
-    key = (num_src, num_dst, str(device))
+        raise EdgeIndexError(f"edge_index must have shape [2, E], got {tuple(edges.shape)}")
+    key = (num_src, num_dst, str(device)) + (("target_to_source",) if reverse else ())
 
     def build() -> Adjacency:
-        return Adjacency(Graph.from_edge_index(edges, size=(num_src, num_dst)).to(device))
+        try:
+            graph = Graph.from_edge_index(edges.flip(0) if reverse else edges, size=(num_src, num_dst))
+        except GnnioError as error:  # the ids' range is the one thing left to fail
+            raise EdgeIndexError(str(error)) from None
+        return Adjacency(graph.to(device), reversed=reverse)
 
     return _cached(edges, key, (edges,), build)
 
@@ -232,4 +262,5 @@ def with_self_loops(
         joined = torch.cat([kept, loop_fill(kept, kept_target, num_loops, fill_value)])
         return joined if looped.order is None else joined.index_select(0, looped.order)
 
-    return Adjacency(looped.graph, carry(adjacency.values), adjacency.layout), carry(edge_attr)
+    looped_adjacency = Adjacency(looped.graph, carry(adjacency.values), adjacency.layout, adjacency.reversed)
+    return looped_adjacency, carry(edge_attr)

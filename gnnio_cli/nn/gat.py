@@ -10,14 +10,14 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
-from gnnio_cli.nn.adjacency import Adjacency, EdgesInput, FillValue, with_self_loops
+from gnnio_cli.nn.adjacency import Adjacency, FillValue, with_self_loops
 from gnnio_cli.nn.base import (
     ConvBase,
-    NodeFeatures,
-    Size,
+    EdgeFeaturesForward,
     registered_children,
     registered_parameters,
     returned_edges,
+    reversed_pair_reason,
     split_pair,
 )
 from gnnio_cli.nn.linear import (
@@ -29,9 +29,8 @@ from gnnio_cli.nn.linear import (
     project_shared,
     zeros_,
 )
+from gnnio_cli.nn.message_passing import AttentionOutput, Edges, NodeFeatures, Size
 from gnnio_cli.ops import attention, dense
-
-AttentionOutput = Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]
 
 
 def head_dots(h: Tensor, *vectors: Tensor) -> tuple[Tensor, ...]:
@@ -206,8 +205,22 @@ class _AttentionConv(ConvBase):
         else:
             self.register_parameter("bias", None)
 
+    def _reason(self, x: NodeFeatures, edge_index: Edges) -> Optional[str]:
+        """Why this call runs PyG's code (None: gnnio's ops run it), for what both layers share."""
+        reason = self._pyg_reason(("sum",), edge_index)
+        if reason is not None:
+            return reason
+        x_src = x if isinstance(x, Tensor) else x[0]
+        if x_src.dim() != 2:  # PyG asserts on these
+            return f"node features of shape {tuple(x_src.shape)}"
+        if isinstance(edge_index, Tensor) and edge_index.layout == torch.sparse_csc:
+            raise GnnioError(
+                f"{type(self).__name__}: PyG 2.8 takes no sparse CSC adjacency here; convert it with .to_sparse_csr()"
+            )
+        return reversed_pair_reason(self, x)
+
     def _edges_with_loops(
-        self, edge_index: EdgesInput, adjacency: Adjacency, num_loops: int, edge_attr: Optional[Tensor]
+        self, adjacency: Adjacency, num_loops: int, edge_attr: Optional[Tensor]
     ) -> tuple[Adjacency, Optional[Tensor]]:
         """PyG's self-loop step: drop existing loops, add one per node (with fill_value edge features).
 
@@ -242,7 +255,7 @@ class _AttentionConv(ConvBase):
         out: Tensor,
         residual: Optional[Tensor],
         alpha: Optional[Tensor],
-        edge_index: EdgesInput,
+        edge_index: Edges,
         adjacency: Adjacency,
         return_attention_weights: Optional[bool],
         bias_added: bool,
@@ -260,7 +273,7 @@ class _AttentionConv(ConvBase):
         return out, (returned_edges(edge_index, adjacency, changed=self.add_self_loops), alpha)
 
 
-class GATConv(_AttentionConv):
+class GATConv(_AttentionConv, pyg_name="GATConv"):
     """Graph attention (Velickovic et al.), as PyG 2.8's GATConv.
 
     in_channels:    int (one shared projection `lin`), or (source, target) widths
@@ -272,10 +285,13 @@ class GATConv(_AttentionConv):
                     a number, a tensor or a reduction name, default "mean").
     edge_dim:       width of edge features; enables lin_edge and att_edge.
     residual:       add res(x_dst) (no bias) to the output.
+    **kwargs:       MessagePassing's; an aggr other than "add"/"sum" runs PyG's code.
 
     forward(x or (x_src, x_dst), edge_index, edge_attr=None, size=None, return_attention_weights=None)
     returns out, or with return_attention_weights=True (out, (edge_index, alpha [E', H])) where
     edge_index includes the added loops; for a sparse adj_t input, (out, (adj_t with alpha values, alpha)).
+    Runs PyG's code (see gnnio_cli.nn.message_passing) for node features that are not [N, F]
+    (PyG refuses them) and for flow="target_to_source" with a pair of features.
     """
 
     def __init__(
@@ -316,6 +332,7 @@ class GATConv(_AttentionConv):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         for linear in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):
             if linear is not None:
                 linear.reset_parameters()
@@ -327,15 +344,23 @@ class GATConv(_AttentionConv):
     def forward(
         self,
         x: NodeFeatures,
-        edge_index: EdgesInput,
+        edge_index: Edges,
         edge_attr: Optional[Tensor] = None,
         size: Size = None,
         return_attention_weights: Optional[bool] = None,
     ) -> AttentionOutput:
+        if torch.jit.is_scripting():
+            return self._pyg_forward(x, edge_index, edge_attr, size, return_attention_weights)
+        else:
+            return self._forward(x, edge_index, edge_attr, size, return_attention_weights)
+
+    def _forward(self, x, edge_index, edge_attr, size, return_attention_weights) -> AttentionOutput:
+        reason = self._reason(x, edge_index)
+        if reason is not None:
+            return self._run_pyg(reason, x, edge_index, edge_attr, size, return_attention_weights)
+        self._ran("gnnio")
         heads = self.heads
         x_src, x_dst = split_pair(x)
-        if x_src.dim() != 2:
-            raise GnnioError(f"GATConv: node features must be [N, F], got shape {tuple(x_src.shape)}")
         res, lin = self.res, self.lin
         residual = res(x_dst) if res is not None and x_dst is not None else None
         att_src, att_dst = registered_parameters(self, "att_src", "att_dst")
@@ -344,7 +369,8 @@ class GATConv(_AttentionConv):
         shared = isinstance(x, Tensor) and lin is not None
         if shared:
             h_src, alpha_src, alpha_dst = project_with_scores(x_src, lin, heads, att_src, att_dst)
-        adjacency = self.adjacency(edge_index, x_src, x_dst, size)
+        adjacency = self.adjacency(edge_index, x_src.shape[0], None if x_dst is None else x_dst.shape[0],
+                                   x_src.device, size)
         graph = adjacency.graph
         if not shared:
             h_src, alpha_src = project_with_scores(x_src, lin if lin is not None else self.lin_src, heads, att_src)
@@ -359,7 +385,7 @@ class GATConv(_AttentionConv):
         else:
             num_loops = x_src.shape[0] if x_dst is None else min(x_src.shape[0], x_dst.shape[0])
         num_loops = min(num_loops, graph.num_src_nodes, graph.num_dst_nodes)
-        adjacency, edge_attr = self._edges_with_loops(edge_index, adjacency, num_loops, edge_attr)
+        adjacency, edge_attr = self._edges_with_loops(adjacency, num_loops, edge_attr)
         edge_features = self._projected_edges(edge_attr)
         edge_alpha = None if edge_features is None else (edge_features * self.att_edge).sum(dim=-1)
         bias = self._attention_bias(h_src, residual)
@@ -383,16 +409,16 @@ class GATConv(_AttentionConv):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-class GATv2Conv(_AttentionConv):
+class GATv2Conv(EdgeFeaturesForward, _AttentionConv, pyg_name="GATv2Conv"):
     """GATv2 (Brody et al.: LeakyReLU inside the score), as PyG 2.8's GATv2Conv.
 
     Options as GATConv, plus:
     share_weights: one projection for sources and targets (lin_r is lin_l).
     The projections lin_l (sources) and lin_r (targets) carry a bias when `bias`.
-    edge_attr requires edge_dim.
 
     forward(x or (x_src, x_dst), edge_index, edge_attr=None, return_attention_weights=None),
-    returning as GATConv.
+    returning as GATConv. Runs PyG's code for what PyG asserts against (x_dst None, features not
+    [N, F], edge_attr without edge_dim) and for flow="target_to_source" with a pair of features.
     """
 
     def __init__(
@@ -431,6 +457,7 @@ class GATv2Conv(_AttentionConv):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         self.lin_l.reset_parameters()
         self.lin_r.reset_parameters()
         if self.lin_edge is not None:
@@ -440,17 +467,18 @@ class GATv2Conv(_AttentionConv):
         glorot_(self.att)
         zeros_(self.bias)
 
-    def forward(
-        self,
-        x: NodeFeatures,
-        edge_index: EdgesInput,
-        edge_attr: Optional[Tensor] = None,
-        return_attention_weights: Optional[bool] = None,
-    ) -> AttentionOutput:
+    def _forward(self, x, edge_index, edge_attr, return_attention_weights) -> AttentionOutput:
+        reason = self._reason(x, edge_index)
+        if reason is None:
+            if not isinstance(x, Tensor) and x[1] is None:
+                reason = "target features None"
+            elif edge_attr is not None and self.lin_edge is None:
+                reason = "edge_attr without edge_dim"
+        if reason is not None:
+            return self._run_pyg(reason, x, edge_index, edge_attr, return_attention_weights)
+        self._ran("gnnio")
         heads, channels = self.heads, self.out_channels
         x_src, x_dst = split_pair(x)
-        if x_src.dim() != 2 or x_dst is None:
-            raise GnnioError("GATv2Conv: needs node features [N, F] or a pair of them (x_dst may not be None)")
         res = self.res
         residual = res(x_dst) if res is not None else None
         lin_l, lin_r = registered_children(self, "lin_l", "lin_r")
@@ -461,11 +489,9 @@ class GATv2Conv(_AttentionConv):
         else:
             h_src = lin_l(x_src).view(-1, heads, channels)
             h_dst = lin_r(x_dst).view(-1, heads, channels)
-        if edge_attr is not None and self.lin_edge is None:
-            raise GnnioError("GATv2Conv: edge_attr was given but the layer has no edge_dim; construct it with edge_dim")
-        adjacency = self.adjacency(edge_index, x_src, x_dst)
+        adjacency = self.adjacency(edge_index, x_src.shape[0], x_dst.shape[0], x_src.device)
         num_loops = min(x_src.shape[0], x_dst.shape[0])
-        adjacency, edge_attr = self._edges_with_loops(edge_index, adjacency, num_loops, edge_attr)
+        adjacency, edge_attr = self._edges_with_loops(adjacency, num_loops, edge_attr)
         bias = self._attention_bias(h_src, residual)
         result = attention.gatv2_attention(
             adjacency.graph,

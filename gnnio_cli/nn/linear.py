@@ -192,6 +192,8 @@ class Linear(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: [*, in_channels] -> [*, out_channels]."""
+        if torch.jit.is_scripting() or not isinstance(x, Tensor):  # (F.linear's error for a non-tensor, as PyG's)
+            return F.linear(x, self.weight, self.bias)
         if self.bias is None or torch.is_autocast_enabled(x.device.type):
             return F.linear(x, self.weight, self.bias)
         return affine(x, self.weight, self.bias)

@@ -15,8 +15,8 @@ Every loaded ``torch_geometric`` module whose attribute ``GCNConv``,
 modules that define the classes, and PyG's own model zoo
 (``torch_geometric.nn.models.GCN``/``GAT``/... build their layers from these
 names at construction). Layers built before patching stay PyG's; build the
-model inside the patch. gnnio's layers are not ``MessagePassing`` subclasses,
-so PyG utilities that require one (explainers, ``to_hetero``) do not apply to them.
+model inside the patch. gnnio's layers are ``MessagePassing`` modules, so PyG's
+tools that look for one (``torch_geometric.explain``'s edge masks) work on them.
 """
 
 from __future__ import annotations

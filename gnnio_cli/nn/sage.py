@@ -9,30 +9,65 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gnnio_cli.errors import GnnioError
-from gnnio_cli.nn.adjacency import EdgesInput
-from gnnio_cli.nn.base import REDUCTIONS, ConvBase, NodeFeatures, Size, aggregate_neighbours, split_pair
+from gnnio_cli.nn.base import (
+    ConvBase,
+    aggregate_neighbours,
+    nodes_back,
+    nodes_first,
+    reversed_pair_reason,
+    split_pair,
+    static_sparse_reason,
+)
 from gnnio_cli.nn.linear import Linear, reset_module
+from gnnio_cli.nn.message_passing import PYG, Edges, NodeFeatures, Size
+
+REDUCTIONS = ("sum", "mean", "max", "min")
 
 
-class SAGEConv(ConvBase):
+class _ReduceConv(ConvBase):
+    """What SAGEConv and GINConv share: forward's signature, which calls gnnio reduces, the reduction itself."""
+
+    def forward(self, x: NodeFeatures, edge_index: Edges, size: Size = None) -> Tensor:
+        if torch.jit.is_scripting():
+            return self._pyg_forward(x, edge_index, size)
+        else:
+            return self._forward(x, edge_index, size)
+
+    def _reason(self, x: NodeFeatures, edge_index: Edges) -> Optional[str]:
+        reason = self._pyg_reason(REDUCTIONS, edge_index) or reversed_pair_reason(self, x)
+        x_src = x if isinstance(x, Tensor) else x[0]
+        return reason or static_sparse_reason(x_src, self.node_dim, edge_index)
+
+    def _neighbours(self, x_src: Tensor, x_dst: Optional[Tensor], edge_index: Edges, size: Size) -> Tensor:
+        """The reduction of source features over each target's in-edges, nodes along node_dim."""
+        node_dim = self.node_dim
+        num_dst = None if x_dst is None else x_dst.shape[node_dim]
+        adjacency = self.adjacency(edge_index, x_src.shape[node_dim], num_dst, x_src.device, size)
+        return nodes_back(aggregate_neighbours(adjacency, nodes_first(x_src, node_dim), self.reduction()), node_dim)
+
+
+class SAGEConv(_ReduceConv, pyg_name="SAGEConv"):
     """out = lin_l(aggr_{s -> t} x_src[s]) + lin_r(x_dst[t]), as PyG 2.8's SAGEConv.
 
     in_channels: int, or (source width, target width) for bipartite inputs; -1 is lazy.
-    aggr:        "mean" (default), "sum"/"add", "max" or "min"; empty rows give 0.
+    aggr:        "mean" (default), "sum"/"add", "max" or "min" run on gnnio's ops (empty rows give 0);
+                 every other PyG aggregation (a name such as "lstm" or "std", an Aggregation
+                 object, a list with aggr_kwargs) runs PyG's code (see gnnio_cli.nn.message_passing).
     normalize:   L2-normalise each output row.
     root_weight: add lin_r(x_dst) (lin_r has no bias).
     project:     first map sources through relu(lin(x_src)) (lin has a bias).
     bias:        bias of lin_l.
 
-    forward(x [N, F] or (x_src [Ns, F_s], x_dst [Nd, F_d] or None), edge_index, size=None) -> [Nd, F_out].
-    A sparse adj_t's values weight the messages, as PyG's sparse matmul does.
+    forward(x [N, F] (or a static graph's [B, N, F]) or (x_src [Ns, F_s], x_dst [Nd, F_d] or None),
+    edge_index, size=None) -> [Nd, F_out]. A torch sparse adj_t's values weight the messages,
+    as PyG's sparse matmul does.
     """
 
     def __init__(
         self,
         in_channels: Union[int, tuple[int, int]],
         out_channels: int,
-        aggr: Optional[str] = "mean",
+        aggr="mean",
         normalize: bool = False,
         root_weight: bool = True,
         project: bool = False,
@@ -44,32 +79,41 @@ class SAGEConv(ConvBase):
         self.normalize = normalize
         self.root_weight = root_weight
         self.project = project
-        super().__init__(aggr, **kwargs)
-        if self.aggr not in REDUCTIONS:
-            raise GnnioError(f"SAGEConv: aggr must be one of {', '.join(REDUCTIONS)}, got {self.aggr!r}")
         widths = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
+        if aggr == "lstm":  # PyG sizes its LSTM aggregation from the source width
+            kwargs.setdefault("aggr_kwargs", {})
+            kwargs["aggr_kwargs"].setdefault("in_channels", widths[0])
+            kwargs["aggr_kwargs"].setdefault("out_channels", widths[0])
+        super().__init__(aggr, **kwargs)
         if self.project:
             if widths[0] <= 0:
                 raise GnnioError("SAGEConv: project=True needs a known source width, got in_channels=-1")
             self.lin = Linear(widths[0], widths[0], bias=True)
-        self.lin_l = Linear(widths[0], out_channels, bias=bias)
+        aggregated_width = widths[0]
+        if PYG is not None and isinstance(self.aggr_module, PYG.multi_aggregation):
+            aggregated_width = self.aggr_module.get_out_channels(widths[0])
+        self.lin_l = Linear(aggregated_width, out_channels, bias=bias)
         if self.root_weight:
             self.lin_r = Linear(widths[1], out_channels, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         if self.project:
             self.lin.reset_parameters()
         self.lin_l.reset_parameters()
         if self.root_weight:
             self.lin_r.reset_parameters()
 
-    def forward(self, x: NodeFeatures, edge_index: EdgesInput, size: Size = None) -> Tensor:
+    def _forward(self, x: NodeFeatures, edge_index: Edges, size: Size) -> Tensor:
+        reason = self._reason(x, edge_index)
+        if reason is not None:
+            return self._run_pyg(reason, x, edge_index, size)
+        self._ran("gnnio")
         x_src, x_dst = split_pair(x)
         if self.project:
             x_src = self.lin(x_src).relu()
-        adjacency = self.adjacency(edge_index, x_src, x_dst, size)
-        out = self.lin_l(aggregate_neighbours(adjacency, x_src, REDUCTIONS[self.aggr]))
+        out = self.lin_l(self._neighbours(x_src, x_dst, edge_index, size))
         if self.root_weight and x_dst is not None:
             out = out + self.lin_r(x_dst)
         if self.normalize:
@@ -80,20 +124,19 @@ class SAGEConv(ConvBase):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, aggr={self.aggr})"
 
 
-class GINConv(ConvBase):
+class GINConv(_ReduceConv, pyg_name="GINConv"):
     """out = nn((1 + eps) * x_dst[t] + sum_{s -> t} x_src[s]), as PyG 2.8's GINConv.
 
     nn:        the module applied after aggregation (re-initialised by reset_parameters, as PyG).
     eps:       initial epsilon; train_eps makes it a parameter, else a buffer.
+    aggr:      as SAGEConv's (default "add").
 
-    forward(x [N, F] or (x_src, x_dst or None), edge_index, size=None) -> nn's output.
+    forward(x [N, F] (or [B, N, F]) or (x_src, x_dst or None), edge_index, size=None) -> nn's output.
     """
 
     def __init__(self, nn: Callable, eps: float = 0.0, train_eps: bool = False, **kwargs):
         kwargs.setdefault("aggr", "add")
         super().__init__(**kwargs)
-        if self.aggr not in REDUCTIONS:
-            raise GnnioError(f"GINConv: aggr must be one of {', '.join(REDUCTIONS)}, got {self.aggr!r}")
         self.nn = nn
         self.initial_eps = eps
         if train_eps:
@@ -103,13 +146,17 @@ class GINConv(ConvBase):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         reset_module(self.nn)
         self.eps.data.fill_(self.initial_eps)
 
-    def forward(self, x: NodeFeatures, edge_index: EdgesInput, size: Size = None) -> Tensor:
+    def _forward(self, x: NodeFeatures, edge_index: Edges, size: Size) -> Tensor:
+        reason = self._reason(x, edge_index)
+        if reason is not None:
+            return self._run_pyg(reason, x, edge_index, size)
+        self._ran("gnnio")
         x_src, x_dst = split_pair(x)
-        adjacency = self.adjacency(edge_index, x_src, x_dst, size)
-        out = aggregate_neighbours(adjacency, x_src, REDUCTIONS[self.aggr])
+        out = self._neighbours(x_src, x_dst, edge_index, size)
         if x_dst is not None:
             out = out + (1 + self.eps) * x_dst
         return self.nn(out)

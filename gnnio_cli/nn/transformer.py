@@ -9,13 +9,14 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
-from gnnio_cli.nn.adjacency import EdgesInput, with_self_loops
-from gnnio_cli.nn.base import ConvBase, NodeFeatures, registered_children, returned_edges, split_pair
+from gnnio_cli.nn.adjacency import with_self_loops
+from gnnio_cli.nn.base import ConvBase, EdgeFeaturesForward, registered_children, returned_edges, reversed_pair_reason, split_pair
 from gnnio_cli.nn.linear import Linear, project_shared
+from gnnio_cli.nn.message_passing import AttentionOutput, Edges, NodeFeatures
 from gnnio_cli.ops import attention
 
 
-class TransformerConv(ConvBase):
+class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv"):
     """Scaled dot-product attention over each target's in-edges, as PyG 2.8's TransformerConv.
 
     in_channels:  int, or (source, target) widths; -1 is lazy.
@@ -29,7 +30,10 @@ class TransformerConv(ConvBase):
     forward(x or (x_src, x_dst), edge_index, edge_attr=None, return_attention_weights=None).
     With return_attention_weights a bool (even False, as PyG): (out, (edge_index, alpha [E, H])),
     alpha taken before dropout; edge_index is the input as given (a sparse adj_t included).
-    No self-loops are added.
+    No self-loops are added. ``_alpha`` is None after a call, as PyG leaves it.
+    Runs PyG's code (see gnnio_cli.nn.message_passing) for what PyG fails on or broadcasts oddly:
+    features not [N, F], x_dst None, edge_attr without edge_dim or 1-D, and for
+    flow="target_to_source" with a pair of features.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class TransformerConv(ConvBase):
         self.concat = concat
         self.dropout = dropout
         self.edge_dim = edge_dim
+        self._alpha = None
         widths = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
         width = heads * out_channels
         self.lin_key = Linear(widths[0], width, bias=bias)
@@ -73,6 +78,7 @@ class TransformerConv(ConvBase):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         self.lin_key.reset_parameters()
         self.lin_query.reset_parameters()
         self.lin_value.reset_parameters()
@@ -82,17 +88,13 @@ class TransformerConv(ConvBase):
         if self.beta:
             self.lin_beta.reset_parameters()
 
-    def forward(
-        self,
-        x: NodeFeatures,
-        edge_index: EdgesInput,
-        edge_attr: Optional[Tensor] = None,
-        return_attention_weights: Optional[bool] = None,
-    ):
+    def _forward(self, x, edge_index, edge_attr, return_attention_weights) -> AttentionOutput:
+        reason = self._reason(x, edge_index, edge_attr)
+        if reason is not None:
+            return self._run_pyg(reason, x, edge_index, edge_attr, return_attention_weights)
+        self._ran("gnnio")
         heads, channels = self.heads, self.out_channels
         x_src, x_dst = split_pair(x)
-        if x_dst is None:
-            raise GnnioError("TransformerConv: needs target features (x_dst may not be None)")
         skip = None
         if x_src is x_dst:
             names = ("lin_query", "lin_key", "lin_value") + (("lin_skip",) if self.root_weight else ())
@@ -101,16 +103,12 @@ class TransformerConv(ConvBase):
         else:
             query, key, value = self.lin_query(x_dst), self.lin_key(x_src), self.lin_value(x_src)
         query, key, value = (t.view(-1, heads, channels) for t in (query, key, value))
-        adjacency = self.adjacency(edge_index, x_src, x_dst)
+        adjacency = self.adjacency(edge_index, x_src.shape[0], x_dst.shape[0], x_src.device)
         if edge_attr is None and adjacency.values is not None and adjacency.values.dim() == 2:
             edge_attr = adjacency.values
         edge_features = None
         if self.lin_edge is not None:
-            if edge_attr is None:
-                raise GnnioError("TransformerConv: the layer has edge_dim set, so forward needs edge_attr")
             edge_features = self.lin_edge(edge_attr).view(-1, heads, channels)
-        elif edge_attr is not None:
-            raise GnnioError("TransformerConv: edge_attr was given but the layer has no edge_dim; construct it with edge_dim")
         wants_attention = isinstance(return_attention_weights, bool)
         if self.root_weight and skip is None:
             skip = self.lin_skip(x_dst)
@@ -140,11 +138,27 @@ class TransformerConv(ConvBase):
             return out, (returned_edges(edge_index, adjacency, changed=False), alpha)
         return out
 
+    def _reason(self, x: NodeFeatures, edge_index: Edges, edge_attr: Optional[Tensor]) -> Optional[str]:
+        """Why this call runs PyG's code (None: gnnio's ops run it)."""
+        reason = self._pyg_reason(("sum",), edge_index)
+        if reason is not None:
+            return reason
+        x_src, x_dst = split_pair(x)
+        if x_dst is None or x_src.dim() != 2 or x_dst.dim() != 2:
+            return "node features that are not a pair of [N, F] tensors"
+        if isinstance(edge_index, Tensor) and edge_index.layout == torch.sparse_csc:
+            raise GnnioError("TransformerConv: PyG 2.8 takes no sparse CSC adjacency here; convert it with .to_sparse_csr()")
+        values = edge_index.values() if isinstance(edge_index, Tensor) and edge_index.is_sparse else None
+        features = edge_attr if edge_attr is not None else values if values is not None and values.dim() == 2 else None
+        if (features is None) != (self.lin_edge is None) or (features is not None and features.dim() != 2):
+            return "edge_attr without edge_dim, edge_dim without edge_attr, or edge_attr not [E, edge_dim]"
+        return reversed_pair_reason(self, x)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-class AGNNConv(ConvBase):
+class AGNNConv(ConvBase, pyg_name="AGNNConv"):
     """Attention by scaled cosine similarity, as PyG 2.8's AGNNConv.
 
     requires_grad:  beta (the temperature, initially 1) is a parameter; else a buffer of 1.
@@ -152,6 +166,7 @@ class AGNNConv(ConvBase):
 
     forward(x [N, F], edge_index) -> [N, F]:
     out[t] = sum_{s -> t} softmax_s(beta * cos(x[s], x[t])) * x[s].
+    Runs PyG's code (see gnnio_cli.nn.message_passing) for features that are not [N, F].
     """
 
     def __init__(self, requires_grad: bool = True, add_self_loops: bool = True, **kwargs):
@@ -166,11 +181,26 @@ class AGNNConv(ConvBase):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         if self.requires_grad:
             self.beta.data.fill_(1)
 
-    def forward(self, x: Tensor, edge_index: EdgesInput) -> Tensor:
-        adjacency = self.adjacency(edge_index, x, x)
+    def forward(self, x: Tensor, edge_index: Edges) -> Tensor:
+        if torch.jit.is_scripting():
+            return self._pyg_forward(x, edge_index)
+        else:
+            return self._forward(x, edge_index)
+
+    def _forward(self, x: Tensor, edge_index: Edges) -> Tensor:
+        reason = self._pyg_reason(("sum",), edge_index)
+        if reason is None and x.dim() != 2:
+            reason = f"node features of shape {tuple(x.shape)}"
+        if reason is not None:
+            return self._run_pyg(reason, x, edge_index)
+        if isinstance(edge_index, Tensor) and edge_index.layout == torch.sparse_csc:
+            raise GnnioError("AGNNConv: PyG 2.8 takes no sparse CSC adjacency here; convert it with .to_sparse_csr()")
+        self._ran("gnnio")
+        adjacency = self.adjacency(edge_index, x.shape[0], x.shape[0], x.device)
         if self.add_self_loops:
             adjacency, _ = with_self_loops(adjacency, x.shape[0])
         return attention.agnn_attention(adjacency.graph, x, x, self.beta, training=self.training)

@@ -37,11 +37,15 @@ from gnnio_cli.ops.segment import (
     check_same_dtype,
     check_tensor,
     eid_to_slot,
-    segment_softmax,
+    sddmm,
+    segment_exp,
     segment_sum,
     slot_sources,
     slot_targets,
     slot_to_eid,
+    sparse_matmul,
+    sum_by_source,
+    sum_by_target,
 )
 
 AttentionResult = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
@@ -97,9 +101,8 @@ def gat_attention(
     if edge_alpha is not None:
         scores = scores + eid_to_slot(graph, edge_alpha).to(compute)
     scores = F.leaky_relu(scores, negative_slope)
-    messages = x_src.to(compute).index_select(0, sources)
     result = _softmax_aggregate(
-        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
+        graph, scores, x_src.to(compute), None, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )
     return _with_bias(result, bias)
 
@@ -146,24 +149,11 @@ def gatv2_attention(
         return attention_native.gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout, training, return_attention, bias)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
-    sources, targets = slot_sources(graph), slot_targets(graph)
-    messages = x_src.to(compute).index_select(0, sources)
-    rounding = compute != x_src.dtype  # 16-bit features: hidden terms rounded to their dtype (see above)
-
-    def rounded(t: torch.Tensor) -> torch.Tensor:
-        return t.to(x_src.dtype).to(compute) if rounding else t
-
-    hidden = rounded(messages + x_dst.to(compute).index_select(0, targets))
-    if edge_feat is not None:
-        hidden = rounded(hidden + eid_to_slot(graph, edge_feat).to(compute))
-    if rounding:
-        slope = torch.tensor(negative_slope, dtype=x_src.dtype).item()
-        activation = torch.where(hidden > 0, hidden, rounded(hidden * slope))
-    else:
-        activation = F.leaky_relu(hidden, negative_slope)
-    scores = (activation * att.to(compute)).sum(-1)
+    edge_slot = None if edge_feat is None else eid_to_slot(graph, edge_feat).to(compute)
+    scores = _GatV2Scores.apply(x_src.to(compute), x_dst.to(compute), att.to(compute), edge_slot, graph,
+                                negative_slope, x_src.dtype)
     result = _softmax_aggregate(
-        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=True
+        graph, scores, x_src.to(compute), None, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )
     return _with_bias(result, bias)
 
@@ -212,16 +202,16 @@ def transformer_attention(
         )
     dispatch.record(op, "reference")
     compute = accumulation_dtype(query.dtype)
-    sources, targets = slot_sources(graph), slot_targets(graph)
-    keys = key.to(compute).index_select(0, sources)
-    messages = value.to(compute).index_select(0, sources)
+    queries = query.to(compute)
+    scores = sddmm(graph, queries, key.to(compute))
+    edge_slot = None
     if edge_feat is not None:
         edge_slot = eid_to_slot(graph, edge_feat).to(compute)
-        keys = keys + edge_slot
-        messages = messages + edge_slot
-    scores = (query.to(compute).index_select(0, targets) * keys).sum(-1) / math.sqrt(channels)
+        scores = scores + (queries.index_select(0, slot_targets(graph)) * edge_slot).sum(-1)
+    scores = scores / math.sqrt(channels)
     result = _softmax_aggregate(
-        graph, scores, messages, dropout, training, return_attention, query.dtype, return_dropped=False
+        graph, scores, value.to(compute), edge_slot, dropout, training, return_attention, query.dtype,
+        return_dropped=False,
     )
     return _with_bias(result, residual)
 
@@ -260,18 +250,120 @@ def agnn_attention(
         return attention_native.agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attention)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
-    sources, targets = slot_sources(graph), slot_targets(graph)
-    src_unit = F.normalize(x_src.to(compute), p=2.0, dim=-1).index_select(0, sources)
-    dst_unit = F.normalize(x_dst.to(compute), p=2.0, dim=-1).index_select(0, targets)
-    scores = beta.to(compute).reshape(()) * (src_unit * dst_unit).sum(-1, keepdim=True)
-    messages = x_src.to(compute).index_select(0, sources).unsqueeze(1)
+    src_unit = F.normalize(x_src.to(compute), p=2.0, dim=-1)
+    dst_unit = F.normalize(x_dst.to(compute), p=2.0, dim=-1)
+    scores = beta.to(compute).reshape(()) * sddmm(graph, dst_unit, src_unit).unsqueeze(1)
     result = _softmax_aggregate(
-        graph, scores, messages, dropout, training, return_attention, x_src.dtype, return_dropped=False
+        graph, scores, x_src.to(compute).unsqueeze(1), None, dropout, training, return_attention, x_src.dtype,
+        return_dropped=False,
     )
     if return_attention:
         out, alpha = result
         return out.squeeze(1), alpha.squeeze(1)
     return result.squeeze(1)
+
+
+class _GatV2Scores(torch.autograd.Function):
+    """GATv2's scores [E, H] in slot order (see gatv2_attention), formed and differentiated a block of slots
+    at a time: the hidden terms [E, H, C] never exist whole; with more than one block they are recomputed
+    in backward rather than kept (one block, a graph of a few thousand edges, keeps them).
+
+    forward(x_src [Ns, H, C], x_dst [Nd, H, C], att [H, C], edge_slot [E, H, C] or None (slot order), graph,
+    negative_slope, dtype): inputs in the compute dtype; `dtype` is the features' own, whose rounding of the
+    hidden terms is reproduced (the rounding's derivative taken as 1, as autograd takes a cast's).
+    Backward sums the hidden terms' gradients per target with sparse products over the block's rows, and
+    per source likewise over the CSC when one block covers every slot (else with index_add).
+    """
+
+    @staticmethod
+    def forward(ctx, x_src, x_dst, att, edge_slot, graph, negative_slope, dtype):
+        ctx.save_for_backward(x_src, x_dst, att, edge_slot)
+        ctx.graph, ctx.negative_slope, ctx.dtype = graph, negative_slope, dtype
+        heads, channels = att.shape
+        weight = _head_dot_weight(att)
+        scores = x_src.new_empty(graph.num_edges, heads)
+        blocks = _slot_blocks(graph.num_edges, heads * channels)
+        ctx.kept = None
+        for block in blocks:
+            hidden = _gatv2_hidden(graph, block, x_src, x_dst, edge_slot, dtype)
+            activated = _gatv2_activation(hidden, negative_slope, dtype)
+            torch.mm(activated.view(hidden.shape[0], -1), weight, out=scores[block])
+            if len(blocks) == 1:
+                ctx.kept = (hidden, activated)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x_src, x_dst, att, edge_slot = ctx.saved_tensors
+        graph, negative_slope, dtype = ctx.graph, ctx.negative_slope, ctx.dtype
+        heads, channels = att.shape
+        weight = _head_dot_weight(att)
+        slope = _rounded_slope(negative_slope, dtype)
+        grad_src, grad_dst = torch.zeros_like(x_src), torch.zeros_like(x_dst)
+        grad_weight = att.new_zeros(heads * channels, heads)
+        grad_edge = None if edge_slot is None or not ctx.needs_input_grad[3] else torch.empty_like(edge_slot)
+        blocks = _slot_blocks(graph.num_edges, heads * channels)
+        for block in blocks:
+            if ctx.kept is not None:
+                hidden, activated = ctx.kept
+            else:
+                hidden = _gatv2_hidden(graph, block, x_src, x_dst, edge_slot, dtype)
+                activated = _gatv2_activation(hidden, negative_slope, dtype)
+            grad_block = grad[block]
+            grad_weight.addmm_(activated.view(hidden.shape[0], -1).t(), grad_block)
+            grad_hidden = torch.mm(grad_block, weight.t()).view_as(hidden)
+            # LeakyReLU's own backward: one pass (torch.where of a mask costs ten on the CPU)
+            grad_hidden = torch.ops.aten.leaky_relu_backward(grad_hidden, hidden, slope, False)
+            sum_by_target(graph, block, grad_hidden, grad_dst)
+            if len(blocks) == 1:
+                grad_src += sum_by_source(graph, grad_hidden)
+            else:
+                grad_src.index_add_(0, slot_sources(graph)[block], grad_hidden)
+            if grad_edge is not None:
+                grad_edge[block] = grad_hidden
+        ctx.kept = None
+        grad_att = grad_weight.view(heads, channels, heads).diagonal(dim1=0, dim2=2).t()
+        return grad_src, grad_dst, grad_att, grad_edge, None, None, None
+
+
+def _head_dot_weight(att: torch.Tensor) -> torch.Tensor:
+    """B [H * C, H] with B[h * C + c, h] = att[h, c]: hidden [n, H * C] @ B = the per-head dots with att."""
+    heads = att.shape[0]
+    eye = torch.eye(heads, dtype=att.dtype, device=att.device)
+    return (att.unsqueeze(-1) * eye.unsqueeze(1)).reshape(-1, heads)
+
+
+def _slot_blocks(num_edges: int, width: int) -> list:
+    """Slices of slots whose hidden terms take about 2^21 numbers (8 MiB in fp32): they stay in cache."""
+    size = max(1, (1 << 21) // max(width, 1))
+    return [slice(start, min(start + size, num_edges)) for start in range(0, num_edges, size)]
+
+
+def _rounded_slope(negative_slope: float, dtype: torch.dtype) -> float:
+    """The LeakyReLU slope as PyG's layer sees it in `dtype`."""
+    return torch.tensor(negative_slope, dtype=dtype).item()
+
+
+def _gatv2_hidden(graph, block: slice, x_src, x_dst, edge_slot, dtype) -> torch.Tensor:
+    """x_src[s] + x_dst[t] (+ edge_slot[e]) for the slots in `block`, each sum rounded to `dtype` (16-bit)."""
+    rounding = dtype != x_src.dtype
+    hidden = x_src.index_select(0, slot_sources(graph)[block])
+    hidden += x_dst.index_select(0, slot_targets(graph)[block])
+    if rounding:
+        hidden = hidden.to(dtype).to(x_src.dtype)
+    if edge_slot is not None:
+        hidden += edge_slot[block]
+        if rounding:
+            hidden = hidden.to(dtype).to(x_src.dtype)
+    return hidden
+
+
+def _gatv2_activation(hidden: torch.Tensor, negative_slope: float, dtype) -> torch.Tensor:
+    """LeakyReLU of the hidden terms; in 16 bits the negative side slope * hidden is rounded to `dtype`."""
+    if dtype == hidden.dtype:
+        return F.leaky_relu(hidden, negative_slope)
+    negative = (hidden * _rounded_slope(negative_slope, dtype)).to(dtype).to(hidden.dtype)
+    return torch.where(hidden > 0, hidden, negative)
 
 
 # ----------------------------------------------------------------- shared
@@ -310,7 +402,8 @@ def _check_dropout(op: str, dropout: float) -> None:
 def _softmax_aggregate(
     graph: Graph,
     scores: torch.Tensor,
-    messages: torch.Tensor,
+    x_src: torch.Tensor,
+    edge_messages: Optional[torch.Tensor],
     dropout: float,
     training: bool,
     return_attention: bool,
@@ -318,18 +411,35 @@ def _softmax_aggregate(
     *,
     return_dropped: bool,
 ) -> AttentionResult:
-    """Softmax of slot-order scores [E, H] per target, dropout, sum of alpha * messages [E, H, C].
+    """Softmax of slot-order scores [E, H] per target, dropout, and the sum of alpha * message, the message of
+    slot e being x_src[source(e)] [N, H, C] plus edge_messages[e] ([E, H, C] slot order, or None).
 
+    The weighted sum is a sparse product over the softmax's numerators, divided by
+    their row sums afterwards (which one more column of ones in the same product
+    gives, without dropout): no tensor per edge and feature is made, nor, unless the
+    weights are returned, the normalised weights.
     return_dropped: whether the returned weights are taken after dropout (GAT,
     GATv2) or before it (TransformerConv, AGNN).
     """
-    alpha = segment_softmax(graph, scores)
-    dropped = alpha
+    exps = segment_exp(graph, scores)
+    mask = None
     if training and dropout > 0:
         # The mask is drawn over eid-ordered weights, as PyG draws it, so a seed gives PyG's mask.
-        dropped = eid_to_slot(graph, F.dropout(slot_to_eid(graph, alpha), p=dropout, training=True))
-    out = segment_sum(graph, messages * dropped.unsqueeze(-1)).to(out_dtype)
+        mask = eid_to_slot(graph, F.dropout(exps.new_ones(exps.shape), p=dropout, training=True))
+    if mask is None:
+        numerators = exps
+        augmented = torch.cat([x_src, x_src.new_ones((*x_src.shape[:2], 1))], dim=-1)
+        summed = sparse_matmul(graph, exps, augmented)
+        out, sums = summed[..., :-1], summed[..., -1]
+    else:
+        numerators = exps * mask
+        out = sparse_matmul(graph, numerators, x_src)
+        sums = segment_sum(graph, exps)
+    if edge_messages is not None:
+        out = out + segment_sum(graph, edge_messages * numerators.unsqueeze(-1))
+    sums = sums.clamp(min=1.0)  # exact: a row's largest numerator is 1, only empty rows sum to 0
+    out = (out / sums.unsqueeze(-1)).to(out_dtype)
     if not return_attention:
         return out
-    returned = dropped if return_dropped else alpha
-    return out, slot_to_eid(graph, returned).to(out_dtype)
+    alpha = (numerators if return_dropped else exps) / sums.index_select(0, slot_targets(graph))
+    return out, slot_to_eid(graph, alpha).to(out_dtype)

@@ -20,10 +20,11 @@ from gnnio_cli.ops import dispatch, reduce_native
 from gnnio_cli.ops.segment import (
     accumulation_dtype,
     check_node_features,
+    mean_weights,
     segment_extremum,
-    segment_sum,
     slot_sources,
     slot_targets,
+    sparse_matmul,
 )
 
 REDUCTIONS = ("sum", "mean", "max", "min")
@@ -56,9 +57,7 @@ def aggregate_reference(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Ten
     if reduce in ("max", "min"):
         out = _Extremum.apply(features, graph, reduce)
     else:
-        out = segment_sum(graph, features.index_select(0, slot_sources(graph)))
-        if reduce == "mean":
-            out = out / graph.in_degree.clamp(min=1).to(out.dtype).unsqueeze(1)
+        out = sparse_matmul(graph, mean_weights(graph, features.dtype) if reduce == "mean" else None, features)
     return out.to(x.dtype).reshape(graph.num_dst_nodes, *x.shape[1:])
 
 

@@ -24,8 +24,8 @@ from gnnio_cli.ops.segment import (
     check_node_features,
     check_tensor,
     eid_to_slot,
-    segment_sum,
-    slot_sources,
+    mean_weights,
+    sparse_matmul,
 )
 
 SPMM_REDUCTIONS = ("sum", "mean")
@@ -61,15 +61,13 @@ def spmm(graph: Graph, x: torch.Tensor, edge_weight: Optional[torch.Tensor] = No
 def spmm_reference(
     graph: Graph, x: torch.Tensor, edge_weight: Optional[torch.Tensor], reduce: str
 ) -> torch.Tensor:
-    """Pure-PyTorch :func:`spmm` (inputs already validated): gather, scale, index_add."""
+    """Pure-PyTorch :func:`spmm` (inputs already validated): one sparse CSR product (see ops.segment)."""
     compute = accumulation_dtype(x.dtype)
     features = x.reshape(x.shape[0], x.shape[1:].numel()).to(compute)
-    messages = features.index_select(0, slot_sources(graph))
-    if edge_weight is not None:
-        messages = messages * eid_to_slot(graph, edge_weight).to(compute).unsqueeze(1)
-    out = segment_sum(graph, messages)
-    if reduce == "mean":
-        out = out / graph.in_degree.clamp(min=1).to(compute).unsqueeze(1)
+    weights = None if edge_weight is None else eid_to_slot(graph, edge_weight).to(compute)
+    if reduce == "mean":  # the mean's 1 / in-degree folded into the product's weights
+        weights = mean_weights(graph, compute) if weights is None else weights * mean_weights(graph, compute)
+    out = sparse_matmul(graph, weights, features)
     return out.to(x.dtype).reshape(graph.num_dst_nodes, *x.shape[1:])
 
 
