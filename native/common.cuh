@@ -90,7 +90,7 @@ constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // --------------------------------------------------------------- indices
-// Column indices are int32 or int64 (DESIGN.md); the width is a runtime flag
+// Column indices are int32 or int64 (int32 while node ids fit); the width is a runtime flag
 // read by a warp-uniform branch, which costs nothing in these memory-bound
 // kernels and halves the number of instantiations.
 struct IndexView {

@@ -1,4 +1,4 @@
-"""Timing and peak memory, the way DESIGN.md "Measuring" prescribes.
+"""Timing and peak memory: after warm-up, CUDA events, medians (how gnnio reports every number).
 
 On CUDA: CUDA events around each call after warm-up, median of the repeats
 (min and max too); peak memory is ``max_memory_allocated`` during the measured

@@ -3,7 +3,7 @@
 `gnnio run` and `gnnio compare` accept any of these for `--graph`:
 
 - a path to a gnnio `.h5` file (made by `gnnio convert` or `gnnio generate`);
-- a standard graph name from DESIGN.md, generated in-process with a fixed
+- a standard benchmark graph name, generated in-process with a fixed
   seed: `rmat20`, `uniform20`, `grid1024` (and smaller `rmatN`, `uniformN`,
   `gridN`);
 - nothing: the bundled Cora citation graph in `sample_graphs/`.

@@ -1,6 +1,6 @@
 """Synthetic graphs: R-MAT, uniform random in-edges, 2-D grids.
 
-The standard graphs of DESIGN.md "Measuring" come from here, by name
+The standard benchmark graphs (docs/PERFORMANCE.md uses them) come from here, by name
 (:func:`standard_graph`): ``rmat<S>`` (R-MAT scale S, edge factor 16,
 a=0.57, b=c=0.19, ids randomly permuted, duplicates and self-loops removed),
 ``uniform<S>`` (2^S nodes, each with 16 distinct uniformly random in-edges)
