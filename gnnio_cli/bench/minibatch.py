@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -67,17 +66,6 @@ def build_model(library, model: str, layers: int, in_features: int, hidden: int,
         else:
             convs.append(library.GCNConv(width, out))
     return Net(convs, F.elu if model in ("gat", "gatv2", "transformer") else F.relu)
-
-
-@dataclass
-class Setup:
-    """Everything a timed run needs: features, labels, batches and the two models."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    batches: list
-    gnnio_model: Net
-    pyg_model: Optional[Net]
 
 
 def check_options(model: str, fanout: list[int], batch_size: int, hidden: int, heads: int) -> None:

@@ -24,10 +24,9 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph.build import group_by
-from gnnio_cli.graph.compress import Compressed, compress, group, key_dtype
+from gnnio_cli.graph.compress import INT32_MAX, Compressed, compress, group, key_dtype
 from gnnio_cli.graph.schedule import GraphFacts, measure
 
-INT32_MAX = 2**31 - 1
 _MISSING = object()
 
 

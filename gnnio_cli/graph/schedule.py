@@ -108,10 +108,14 @@ def _side_counts(indptr: torch.Tensor, tile0: int, tile1: int) -> torch.Tensor:
     zero = degree.new_zeros(())
     counts = [degree.max() if degree.numel() else zero, (degree > 0).sum()]
     for offset, tile in ((0, tile0), (1, tile1)):
-        shifted = degree + offset
-        heavy = shifted > tile
-        counts += [heavy.sum(), torch.where(heavy, (shifted + tile - 1) // tile, 0).sum()]
+        counts += _heavy_counts(degree + offset, tile)
     return torch.stack(counts)
+
+
+def _heavy_counts(degree: torch.Tensor, tile_edges: int) -> list[torch.Tensor]:
+    """[rows longer than tile_edges, the tiles they are cut into] as 0-d tensors on the degrees' device."""
+    heavy = degree > tile_edges
+    return [heavy.sum(), torch.where(heavy, (degree + tile_edges - 1) // tile_edges, 0).sum()]
 
 
 def _edge_counts(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
@@ -188,10 +192,7 @@ def _settled(indptr: torch.Tensor, facts: RowFacts, offset: int) -> RowFacts:
 
 def count_heavy(indptr: torch.Tensor, tile_edges: int, offset: int = 0) -> tuple[int, int]:
     """(heavy rows, tiles) of a side at another tile length (a read on the GPU)."""
-    degree = indptr.diff() + offset
-    heavy = degree > tile_edges
-    tiles = torch.where(heavy, (degree + tile_edges - 1) // tile_edges, 0).sum()
-    heavy_rows, tile_count = torch.stack([heavy.sum(), tiles]).tolist()
+    heavy_rows, tile_count = torch.stack(_heavy_counts(indptr.diff() + offset, tile_edges)).tolist()
     return heavy_rows, tile_count
 
 

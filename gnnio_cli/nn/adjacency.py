@@ -38,7 +38,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
-from gnnio_cli.graph.loops import appended_self_loops, edge_messages_graph, replaced_self_loops
+from gnnio_cli.graph.loops import replaced_self_loops
 from gnnio_cli.nn.message_passing import PYG
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)

@@ -11,11 +11,11 @@ from torch import Tensor
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.loops import edge_messages_graph
 from gnnio_cli.nn.adjacency import (
     SPARSE_LAYOUTS,
     Adjacency,
     as_adjacency,
-    edge_messages_graph,
     is_edge_index_class,
     plain_edges,
 )

@@ -10,7 +10,8 @@ from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
-from gnnio_cli.nn.adjacency import Adjacency, appended_self_loops
+from gnnio_cli.graph.loops import appended_self_loops
+from gnnio_cli.nn.adjacency import Adjacency
 from gnnio_cli.nn.base import ConvBase, nodes_back, nodes_first, static_sparse_reason
 from gnnio_cli.nn.linear import Linear, add_bias, zeros_
 from gnnio_cli.nn.message_passing import Edges

@@ -17,7 +17,7 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
-from gnnio_cli.graph.loops import last_loop_eid, replaced_self_loops, without_self_loops
+from gnnio_cli.graph.loops import last_loop_eid, replaced_self_loops
 from gnnio_cli.ops import dispatch, spmm_native
 from gnnio_cli.ops.segment import (
     accumulation_dtype,

@@ -42,13 +42,11 @@ deterministic for a given choice of kernel.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
-from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import without_self_loops
 from gnnio_cli.ops import dispatch
