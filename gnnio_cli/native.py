@@ -500,6 +500,22 @@ def _register_fakes() -> None:
     def _(csr_indptr, csc_indptr, src, dst, tiles):
         return csr_indptr.new_empty(FACTS_WIDTH)
 
+    # the structures derived every mini-batch step (native/graph.cu)
+    @torch.library.register_fake("gnnio::append_loops")
+    def _(indptr, indices, eid, num_loops):
+        return torch.empty_like(indptr), indices.new_empty(indices.shape[0] + num_loops), eid.new_empty(eid.shape[0] + num_loops)
+
+    @torch.library.register_fake("gnnio::row_plan")
+    def _(indptr, tile_edges, heavy_rows, tiles, max_degree):
+        tile_count = tiles if heavy_rows else 0
+        rows = indptr.shape[0] - 1
+        return (indptr.new_empty(tile_count), indptr.new_empty(tile_count), indptr.new_empty(heavy_rows),
+                indptr.new_empty(heavy_rows + 1), indptr.new_empty((rows - heavy_rows, 3)))
+
+    @torch.library.register_fake("gnnio::slot_map")
+    def _(to_eid, from_eid):
+        return torch.empty_like(from_eid)
+
     # the loader's sampling ops (native/sample.cu); the sizes the host passes fix every output's shape
     @torch.library.register_fake("gnnio::sample_seeds")
     def _(table, seeds, indptr, fanout, replace):

@@ -11,6 +11,18 @@
 //            target, and how many edges have src == dst; zeros without one.
 // The counts are exact (integer atomics), so the result is deterministic.
 
+// The structures a layer derives from a graph every mini-batch step, each one
+// call (a chain of small torch ops costs the host several microseconds per op,
+// and a mini-batch step waits on the host):
+//
+// append_loops(indptr, indices, eid, num_loops) -> (indptr, indices, eid):
+//   one side with the loop (r, r) appended to each row r < num_loops, edge id
+//   num_edges + r (graph/compress.py's append_loops);
+// row_plan(indptr, tile_edges, heavy_rows, tiles, max_degree)
+//   -> (tile_row, tile_start, heavy_rows, heavy_tile_ptr, light_bounds):
+//   graph/schedule.py's build_row_plan, its counts given by the graph's facts;
+// slot_map(to_eid, from_eid) -> int64 [E]: the slot of to_eid holding each
+//   slot's edge of from_eid (the CSC slot of each CSR slot).
 #include "common.cuh"
 
 namespace gnnio {
@@ -164,11 +176,219 @@ at::Tensor graph_facts(const at::Tensor& csr_indptr, const at::Tensor& csc_indpt
   return facts;
 }
 
+// ------------------------------------------------------------ derived structures
+__global__ void append_loops_kernel(const int64_t* __restrict__ indptr, int64_t rows, int64_t num_loops,
+                                    int64_t num_edges, int64_t* __restrict__ new_indptr) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row <= rows; row += stride)
+    new_indptr[row] = indptr[row] + min(row, num_loops);
+}
+
+// One warp per row: the row's slots move down by the loops of the rows before it, then its own loop.
+template <typename index_t>
+__global__ void append_loops_slots_kernel(const int64_t* __restrict__ indptr, const index_t* __restrict__ indices,
+                                          const int64_t* __restrict__ eid, int64_t rows, int64_t num_loops,
+                                          int64_t num_edges, index_t* __restrict__ new_indices,
+                                          int64_t* __restrict__ new_eid) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; row < rows;
+       row += warps) {
+    const int64_t begin = indptr[row], end = indptr[row + 1], shift = min(row, num_loops);
+    for (int64_t slot = begin + lane; slot < end; slot += kWarp) {
+      new_indices[slot + shift] = indices[slot];
+      new_eid[slot + shift] = eid[slot];
+    }
+    if (lane == 0 && row < num_loops) {
+      new_indices[end + row] = static_cast<index_t>(row);
+      new_eid[end + row] = num_edges + row;
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> append_loops(const at::Tensor& indptr, const at::Tensor& indices,
+                                                            const at::Tensor& eid, int64_t num_loops) {
+  const char* op = "gnnio::append_loops";
+  check_indptr(op, "indptr", indptr);
+  const int64_t rows = indptr.numel() - 1, edges = indices.numel();
+  GNNIO_CHECK(num_loops >= 0 && num_loops <= rows, op, "num_loops must be in [0, ", rows, "], got ", num_loops);
+  check_index_dtype(op, "indices", indices);
+  GNNIO_CHECK(indices.device() == indptr.device() && indices.dim() == 1 && indices.is_contiguous(), op,
+              "indices must be a contiguous 1-d tensor on ", indptr.device());
+  GNNIO_CHECK(eid.device() == indptr.device() && eid.scalar_type() == at::kLong && eid.dim() == 1 &&
+                  eid.is_contiguous() && eid.numel() == edges,
+              op, "eid must be a contiguous int64 tensor [", edges, "] on ", indptr.device(), ", got ",
+              eid.scalar_type(), " of shape ", eid.sizes());
+  const c10::cuda::CUDAGuard guard(indptr.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor new_indptr = at::empty_like(indptr);
+  at::Tensor new_indices = at::empty({edges + num_loops}, indices.options());
+  at::Tensor new_eid = at::empty({edges + num_loops}, eid.options());
+  append_loops_kernel<<<blocks_for(rows + 1), kThreads, 0, stream>>>(indptr.data_ptr<int64_t>(), rows, num_loops,
+                                                                      edges, new_indptr.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (rows > 0) {
+    const int64_t blocks = blocks_for(rows * kWarp);
+    if (indices.scalar_type() == at::kLong) {
+      append_loops_slots_kernel<int64_t><<<blocks, kThreads, 0, stream>>>(
+          indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), eid.data_ptr<int64_t>(), rows, num_loops, edges,
+          new_indices.data_ptr<int64_t>(), new_eid.data_ptr<int64_t>());
+    } else {
+      append_loops_slots_kernel<int32_t><<<blocks, kThreads, 0, stream>>>(
+          indptr.data_ptr<int64_t>(), indices.data_ptr<int32_t>(), eid.data_ptr<int64_t>(), rows, num_loops, edges,
+          new_indices.data_ptr<int32_t>(), new_eid.data_ptr<int64_t>());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {new_indptr, new_indices, new_eid};
+}
+
+template <typename key_t>
+__global__ void degree_keys_kernel(const int64_t* __restrict__ indptr, int64_t rows, key_t* __restrict__ keys) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < rows; row += stride)
+    keys[row] = static_cast<key_t>(indptr[row + 1] - indptr[row]);
+}
+
+// light_bounds[i] = (row, first slot, end slot) of the i-th light row in the order
+__global__ void light_bounds_kernel(const int64_t* __restrict__ indptr, const int64_t* __restrict__ light,
+                                    int64_t count, int64_t* __restrict__ bounds) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    const int64_t row = light[i];
+    bounds[3 * i] = row;
+    bounds[3 * i + 1] = indptr[row];
+    bounds[3 * i + 2] = indptr[row + 1];
+  }
+}
+
+__global__ void heavy_tiles_kernel(const int64_t* __restrict__ indptr, const int64_t* __restrict__ heavy,
+                                   int64_t count, int64_t tile_edges, int64_t* __restrict__ tiles_per_row) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    const int64_t row = heavy[i];
+    tiles_per_row[i] = (indptr[row + 1] - indptr[row] + tile_edges - 1) / tile_edges;
+  }
+}
+
+// One warp per heavy row writes its tiles' row and first slot.
+__global__ void fill_tiles_kernel(const int64_t* __restrict__ indptr, const int64_t* __restrict__ heavy,
+                                  const int64_t* __restrict__ heavy_tile_ptr, int64_t count, int64_t tile_edges,
+                                  int64_t* __restrict__ tile_row, int64_t* __restrict__ tile_start) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; i < count; i += warps) {
+    const int64_t row = heavy[i], first = heavy_tile_ptr[i], last = heavy_tile_ptr[i + 1];
+    for (int64_t tile = first + lane; tile < last; tile += kWarp) {
+      tile_row[tile] = row;
+      tile_start[tile] = indptr[row] + (tile - first) * tile_edges;
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> row_plan(const at::Tensor& indptr,
+                                                                                int64_t tile_edges, int64_t heavy_rows,
+                                                                                int64_t tiles, int64_t max_degree) {
+  const char* op = "gnnio::row_plan";
+  check_indptr(op, "indptr", indptr);
+  const int64_t rows = indptr.numel() - 1;
+  GNNIO_CHECK(tile_edges > 0 && heavy_rows >= 0 && heavy_rows <= rows && tiles >= heavy_rows && max_degree >= 0, op,
+              "needs tile_edges > 0, 0 <= heavy_rows <= rows (", rows, ") and tiles >= heavy_rows, got ", tile_edges,
+              ", ", heavy_rows, ", ", tiles);
+  const c10::cuda::CUDAGuard guard(indptr.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  // A stable sort by descending degree on the narrowest key: a radix sort makes one pass per key byte.
+  const at::ScalarType key_type =
+      max_degree < (int64_t{1} << 15) ? at::kShort : (max_degree < (int64_t{1} << 31) ? at::kInt : at::kLong);
+  at::Tensor keys = at::empty({rows}, indptr.options().dtype(key_type));
+  if (rows > 0) {
+    const int64_t* degrees_of = indptr.data_ptr<int64_t>();
+    if (key_type == at::kShort) {
+      degree_keys_kernel<int16_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int16_t>());
+    } else if (key_type == at::kInt) {
+      degree_keys_kernel<int32_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int32_t>());
+    } else {
+      degree_keys_kernel<int64_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int64_t>());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const at::Tensor by_degree = std::get<1>(at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/true));
+  const at::Tensor heavy = by_degree.narrow(0, 0, heavy_rows);
+  const at::Tensor light = by_degree.narrow(0, heavy_rows, rows - heavy_rows);
+  at::Tensor bounds = at::empty({rows - heavy_rows, 3}, indptr.options());
+  if (light.numel() > 0) {
+    light_bounds_kernel<<<blocks_for(light.numel()), kThreads, 0, stream>>>(
+        indptr.data_ptr<int64_t>(), light.data_ptr<int64_t>(), light.numel(), bounds.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  at::Tensor heavy_tile_ptr = at::zeros({heavy_rows + 1}, indptr.options());
+  at::Tensor tile_row = at::empty({heavy_rows ? tiles : 0}, indptr.options());
+  at::Tensor tile_start = at::empty({heavy_rows ? tiles : 0}, indptr.options());
+  if (heavy_rows > 0) {
+    at::Tensor tiles_per_row = at::empty({heavy_rows}, indptr.options());
+    heavy_tiles_kernel<<<blocks_for(heavy_rows), kThreads, 0, stream>>>(
+        indptr.data_ptr<int64_t>(), heavy.data_ptr<int64_t>(), heavy_rows, tile_edges, tiles_per_row.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    at::Tensor running = heavy_tile_ptr.narrow(0, 1, heavy_rows);
+    at::cumsum_out(running, tiles_per_row, 0);
+    fill_tiles_kernel<<<blocks_for(heavy_rows * kWarp), kThreads, 0, stream>>>(
+        indptr.data_ptr<int64_t>(), heavy.data_ptr<int64_t>(), heavy_tile_ptr.data_ptr<int64_t>(), heavy_rows,
+        tile_edges, tile_row.data_ptr<int64_t>(), tile_start.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {tile_row, tile_start, heavy.contiguous(), heavy_tile_ptr, bounds};
+}
+
+__global__ void slot_of_eid_kernel(const int64_t* __restrict__ eid, int64_t edges, int64_t* __restrict__ slot_of) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < edges; slot += stride)
+    slot_of[eid[slot]] = slot;
+}
+
+__global__ void gather_slots_kernel(const int64_t* __restrict__ slot_of, const int64_t* __restrict__ eid,
+                                    int64_t edges, int64_t* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < edges; slot += stride)
+    out[slot] = slot_of[eid[slot]];
+}
+
+at::Tensor slot_map(const at::Tensor& to_eid, const at::Tensor& from_eid) {
+  const char* op = "gnnio::slot_map";
+  for (const at::Tensor* t : {&to_eid, &from_eid})
+    GNNIO_CHECK(t->is_cuda() && t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous(), op,
+                "edge ids must be contiguous int64 CUDA tensors [E], got ", t->scalar_type(), " of shape ", t->sizes());
+  GNNIO_CHECK(to_eid.numel() == from_eid.numel() && to_eid.device() == from_eid.device(), op,
+              "both edge id lists must have one length and device, got ", to_eid.numel(), " and ", from_eid.numel());
+  const c10::cuda::CUDAGuard guard(to_eid.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t edges = to_eid.numel();
+  at::Tensor slot_of = at::empty_like(to_eid), out = at::empty_like(from_eid);
+  if (edges > 0) {
+    slot_of_eid_kernel<<<blocks_for(edges), kThreads, 0, stream>>>(to_eid.data_ptr<int64_t>(), edges,
+                                                                  slot_of.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    gather_slots_kernel<<<blocks_for(edges), kThreads, 0, stream>>>(slot_of.data_ptr<int64_t>(),
+                                                                   from_eid.data_ptr<int64_t>(), edges,
+                                                                   out.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return out;
+}
+
 }  // namespace graph
 }  // namespace gnnio
 
 TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def("graph_facts(Tensor csr_indptr, Tensor csc_indptr, Tensor? src, Tensor? dst, int[] tiles) -> Tensor");
+  m.def("append_loops(Tensor indptr, Tensor indices, Tensor eid, int num_loops) -> (Tensor, Tensor, Tensor)");
+  m.def("row_plan(Tensor indptr, int tile_edges, int heavy_rows, int tiles, int max_degree) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("slot_map(Tensor to_eid, Tensor from_eid) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(gnnio, CUDA, m) { m.impl("graph_facts", &gnnio::graph::graph_facts); }
+TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
+  m.impl("graph_facts", &gnnio::graph::graph_facts);
+  m.impl("append_loops", &gnnio::graph::append_loops);
+  m.impl("row_plan", &gnnio::graph::row_plan);
+  m.impl("slot_map", &gnnio::graph::slot_map);
+}

@@ -17,8 +17,8 @@ import torch
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph import loops as graph_loops
-from gnnio_cli.graph.compress import compress
-from gnnio_cli.graph.schedule import build_row_plan, choose_tile_edges, measure, row_plan
+from gnnio_cli.graph.compress import append_loops_torch, compress, slot_map
+from gnnio_cli.graph.schedule import build_row_plan, build_row_plan_torch, choose_tile_edges, measure, row_plan
 from gnnio_cli.nn import adjacency as adjacency_module
 from testing import DEVICES, INDEX_DTYPES, random_graph, with_index_dtype
 
@@ -247,6 +247,39 @@ def test_loops_appended_without_a_sort(name, device):
     if not graph.is_bipartite and graph.facts.self_loops == 0:
         replaced = graph_loops.replaced_self_loops(moved, num_loops).graph
         assert_same_graph(replaced, host)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("index", INDEX_DTYPES)
+@pytest.mark.parametrize("name", ["small", "hub", "bipartite", "one-edge", "empty"])
+def test_native_structure_ops_equal_their_torch_ops(name, index, native_extension):
+    """gnnio::append_loops, gnnio::row_plan and gnnio::slot_map give exactly what the torch-op versions give,
+    on every side, with loops for all rows or some, at the side's tile and at a short tile (more heavy rows)."""
+    graph = with_index_dtype(_graphs()[name], index).to("cuda")
+    for side in ("csr", "csc"):
+        indptr, indices, eid = (getattr(graph, f"{side}_{part}") for part in ("indptr", "indices", "eid"))
+        rows = indptr.numel() - 1
+        for num_loops in sorted({0, rows // 2, rows}):
+            got = torch.ops.gnnio.append_loops(indptr, indices, eid, num_loops)
+            want = append_loops_torch(indptr, indices, eid, num_loops)
+            for a, b in zip(got, want):
+                assert a.dtype == b.dtype and torch.equal(a, b), (side, num_loops)
+        degree = indptr.diff()
+        longest = int(degree.max()) if rows else 0
+        for tile in sorted({choose_tile_edges(indptr), 32}):
+            heavy = degree > tile
+            counts = (int(heavy.sum()), int(torch.where(heavy, (degree + tile - 1) // tile, 0).sum()),
+                      int((degree > 0).sum()), longest)
+            schedule, order = build_row_plan(indptr, tile, *counts)
+            expected_schedule, expected_order = build_row_plan_torch(indptr, tile, *counts)
+            for a, b in zip(schedule.args()[:4], expected_schedule.args()[:4]):
+                assert torch.equal(a, b), (side, tile)
+            assert torch.equal(order.with_bounds, expected_order.with_bounds) and order.num_busy == expected_order.num_busy
+    shuffled = graph.csr_eid[torch.randperm(graph.num_edges, device="cuda")]
+    expected = torch.empty_like(shuffled)
+    expected[shuffled] = torch.arange(graph.num_edges, device="cuda")
+    assert torch.equal(slot_map(shuffled, graph.csr_eid), expected[graph.csr_eid])
 
 
 # ------------------------------------------------------------------ synchronisations on the GPU

@@ -100,3 +100,36 @@ def test_project_shared_materialises_lazy_weights():
     linears = [Linear(-1, 3), Linear(-1, 2)]
     outs = project_shared(torch.randn(5, 7), *linears)
     assert [tuple(o.shape) for o in outs] == [(5, 3), (5, 2)] and linears[1].in_channels == 7
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vectors", [1, 2])
+def test_fused_gat_projection_equals_the_plain_one(device, vectors, monkeypatch):
+    """GATConv's fused projection with score terms (_ProjectWithScores, taken above HOST_BOUND_ELEMENTS) and the
+    plain one (F.linear, then (h * v).sum(-1), taken below) give the same h, scores and gradients; fp64 gradcheck
+    of the fused function."""
+    from gnnio_cli.nn import gat
+
+    generator = torch.Generator().manual_seed(11)
+
+    def leaf(*size, dtype=torch.float32):
+        return torch.randn(*size, dtype=dtype, generator=generator).to(device).requires_grad_()
+
+    heads, channels = 2, 3
+    x, weight = leaf(40, 5), leaf(heads * channels, 5)
+    atts = [leaf(1, heads, channels) for _ in range(vectors)]
+    linear = Linear(5, heads * channels, bias=False).to(device)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    results = {}
+    for name, limit in (("plain", 1 << 30), ("fused", 0)):
+        monkeypatch.setattr(gat, "HOST_BOUND_ELEMENTS", limit)
+        outputs = gat.project_with_scores(x, linear, heads, *atts)
+        grads = [torch.randn(o.shape, generator=generator).to(device) for o in outputs] if name == "plain" else grads
+        results[name] = (outputs, torch.autograd.grad(outputs, [x, linear.weight, *atts], grads))
+    for got, want in zip([*results["fused"][0], *results["fused"][1]], [*results["plain"][0], *results["plain"][1]]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    if device == "cpu":
+        x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+        atts64 = [att.detach().double().requires_grad_() for att in atts]
+        assert torch.autograd.gradcheck(lambda *a: gat._ProjectWithScores.apply(*a), (x64, w64, *atts64))

@@ -26,6 +26,7 @@ from testing import (
     assert_within_torch_error,
     poison_cuda_cache,
     randn,
+    random_graph,
     relative_error,
 )
 
@@ -198,6 +199,25 @@ def test_16bit_kernel_choice_is_timed_recorded_and_kept():
 def test_gcn_propagate_matches_reference(graph_name, width, dtype, weighted, improved):
     ran = check_gcn(graph_named(graph_name), width, dtype, weighted, improved, seed=10 + width, grad_out_seed=width)
     assert ran["gcn_propagate"] in KERNELS
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gcn_on_a_loop_free_graph_takes_its_degrees(dtype):
+    """A graph without self-loops (every mini-batch from a loop-free graph) gets gcn_norm's operator straight
+    from its degrees: the same values as gcn_norm's, bit for bit, and results within the oracle's bounds."""
+    from gnnio_cli.ops import spmm_native
+    from gnnio_cli.ops.spmm import gcn_norm
+
+    graph = random_graph(3000, 30000, hub_degree=5000, self_loops=False, seed=77).to("cuda")
+    assert graph.facts.self_loops == 0
+    check_gcn(graph, 64, dtype, weighted=False, improved=False, seed=78, grad_out_seed=79)
+    fast = spmm_native._loop_free_gcn_operator(graph)
+    _, values = gcn_norm(graph, None, dtype=torch.float32)
+    kept = graph.num_edges
+    general = spmm_native.build_operator(graph, values[:kept], None, diagonal=values[kept:])
+    for side in ("forward", "backward"):
+        assert torch.equal(getattr(fast, side).values, getattr(general, side).values), side
+        assert torch.equal(getattr(fast, side).diagonal, getattr(general, side).diagonal), side
 
 
 def check_gcn(graph, width, dtype, weighted, improved, seed, grad_out_seed) -> dict:

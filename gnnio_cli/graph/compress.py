@@ -84,10 +84,27 @@ def compress(src: Tensor, dst: Tensor, num_src: int, num_dst: int, index_dtype: 
     return Compressed((csr_indptr, csr_indices[:size], csr_eid), (csc_indptr, csc_indices[:size], csc_eid))
 
 
+def on_native(tensor: Tensor) -> bool:
+    """Whether a structure op on `tensor` runs as one native call (a CUDA tensor and the extension loaded):
+    a mini-batch step waits on the host, and a chain of small torch ops costs it microseconds per op."""
+    if not tensor.is_cuda:
+        return False
+    from gnnio_cli import native
+
+    return native.is_available()
+
+
 def append_loops(indptr: Tensor, indices: Tensor, eid: Tensor, num_loops: int) -> tuple[Tensor, Tensor, Tensor]:
     """One side's (indptr, indices, eid) with the loop (r, r) appended to each row r < num_loops, edge id
     num_edges + r: the same result as grouping the edges and the loops again, without a sort (a slot
-    moves down by the number of rows before its own that gained a loop)."""
+    moves down by the number of rows before its own that gained a loop). One native call on a GPU."""
+    if on_native(indptr):
+        return torch.ops.gnnio.append_loops(indptr, indices, eid, num_loops)
+    return append_loops_torch(indptr, indices, eid, num_loops)
+
+
+def append_loops_torch(indptr: Tensor, indices: Tensor, eid: Tensor, num_loops: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`append_loops` with torch ops (any device)."""
     num_rows, num_edges = indptr.numel() - 1, indices.numel()
     device = indptr.device
     gained = torch.arange(num_rows + 1, device=device).clamp_(max=num_loops)  # loops in the rows before row r
@@ -101,6 +118,16 @@ def append_loops(indptr: Tensor, indices: Tensor, eid: Tensor, num_loops: int) -
     new_eid = eid.new_empty(num_edges + num_loops)
     new_eid.index_copy_(0, moved, eid).index_copy_(0, loop_slots, loops + num_edges)
     return new_indptr, new_indices, new_eid
+
+
+def slot_map(to_eid: Tensor, from_eid: Tensor) -> Tensor:
+    """int64 [E]: for each slot of `from_eid`, the slot of `to_eid` that holds the same edge (e.g. the CSC
+    slot of each CSR slot). One native call on a GPU."""
+    if on_native(to_eid):
+        return torch.ops.gnnio.slot_map(to_eid, from_eid)
+    slot_of_eid = torch.empty_like(to_eid)
+    slot_of_eid[to_eid] = torch.arange(to_eid.numel(), device=to_eid.device)
+    return slot_of_eid.index_select(0, from_eid)
 
 
 def kept_positions(drop: Tensor, kept: int) -> Tensor:

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from gnnio_cli.graph.compress import on_native
+
 if TYPE_CHECKING:
     from gnnio_cli.graph.graph import Graph
 
@@ -132,11 +134,8 @@ def facts_vector(csr_indptr: torch.Tensor, csc_indptr: torch.Tensor, src: Option
     the heavy rows and tiles at tiles[2 * side] and, with every degree + 1, at tiles[2 * side + 1]; then the
     min and max source and target ids and the self-loops of the edge list src -> dst (zeros without one).
     One native kernel on CUDA where the extension is loaded, torch ops otherwise."""
-    if csr_indptr.is_cuda:
-        from gnnio_cli import native
-
-        if native.is_available():
-            return torch.ops.gnnio.graph_facts(csr_indptr, csc_indptr, src, dst, tiles)
+    if on_native(csr_indptr):
+        return torch.ops.gnnio.graph_facts(csr_indptr, csc_indptr, src, dst, tiles)
     edges = _edge_counts(src, dst) if src is not None else csr_indptr.new_zeros(EDGE_FACTS)
     return torch.cat([_side_counts(csr_indptr, *tiles[:2]), _side_counts(csc_indptr, *tiles[2:]), edges])
 
@@ -256,8 +255,19 @@ def build_row_plan(indptr: torch.Tensor, tile_edges: int, heavy_rows: int, tiles
 
     One stable sort of the rows by descending degree gives both: its first `heavy_rows` entries are the
     heavy rows longest first, the rest the light rows longest first with the empty ones last. Nothing
-    here reads the device.
+    here reads the device; on a GPU it is one native call.
     """
+    if on_native(indptr):
+        tile_row, tile_start, heavy, heavy_tile_ptr, with_bounds = torch.ops.gnnio.row_plan(
+            indptr, tile_edges, heavy_rows, tiles, max_degree)
+        return (RowSchedule(tile_edges, tile_row, tile_start, heavy, heavy_tile_ptr),
+                RowOrder(with_bounds, nonempty_rows - heavy_rows))
+    return build_row_plan_torch(indptr, tile_edges, heavy_rows, tiles, nonempty_rows, max_degree)
+
+
+def build_row_plan_torch(indptr: torch.Tensor, tile_edges: int, heavy_rows: int, tiles: int,
+                         nonempty_rows: int, max_degree: int) -> tuple[RowSchedule, RowOrder]:
+    """:func:`build_row_plan` with torch ops (any device)."""
     degree = indptr.diff()
     by_degree = torch.sort(degree.to(_degree_key(max_degree)), descending=True, stable=True).indices
     heavy = by_degree[:heavy_rows]

@@ -42,6 +42,7 @@ import torch
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.compress import slot_map
 from gnnio_cli.graph.schedule import MIN_TILE_EDGES, row_order, row_schedule
 from gnnio_cli.ops import dispatch
 from gnnio_cli.ops.dense import bias_gradient
@@ -130,13 +131,7 @@ def slot_rows(graph: Graph) -> torch.Tensor:
 def edge_grad_slots(graph: Graph) -> torch.Tensor:
     """int64 [E]: the CSC slot of each CSR slot, cached on the graph. GAT's and DOT's source pass
     writes each edge's score gradient in its own (CSC) slot order; the target pass finds a row's there."""
-
-    def build() -> torch.Tensor:
-        csc_slot_of_eid = torch.empty_like(graph.csc_eid)
-        csc_slot_of_eid[graph.csc_eid] = torch.arange(graph.num_edges, device=graph.csc_eid.device)
-        return csc_slot_of_eid.index_select(0, graph.csr_eid)
-
-    return graph.cached(("attention_edge_grad_slots",), build)
+    return graph.cached(("attention_edge_grad_slots",), lambda: slot_map(graph.csc_eid, graph.csr_eid))
 
 
 def hot_l2_share() -> float:

@@ -48,6 +48,7 @@ from typing import Callable, Optional
 import torch
 
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.compress import slot_map
 from gnnio_cli.graph.loops import without_self_loops
 from gnnio_cli.ops import dispatch
 from gnnio_cli.ops.tuning import choose_kernel, shape_class
@@ -189,14 +190,25 @@ def build_operator(
     edge_values and target_scale both None gives value-free kernels (a plain sum reads no values).
     """
     csr_values = csc_values = None
-    if edge_values is not None or target_scale is not None:
-        ones = torch.ones(graph.num_edges, dtype=torch.float32, device=graph.device)
-        by_eid = ones if edge_values is None else edge_values.to(torch.float32)
+    if edge_values is None and target_scale is not None:  # (mean's 1 / in-degree: no per-edge values to permute)
+        target_scale = target_scale.to(torch.float32)
+        csr_values = target_scale.index_select(0, graph.csr_rows)
+        csc_values = target_scale.index_select(0, graph.csc_indices)
+    elif edge_values is not None:
+        by_eid = edge_values.to(torch.float32)
         csr_values = by_eid.index_select(0, graph.csr_eid)
         csc_values = by_eid.index_select(0, graph.csc_eid)
         if target_scale is not None:
             csr_values = csr_values * target_scale.index_select(0, graph.csr_rows)
             csc_values = csc_values * target_scale.index_select(0, graph.csc_indices.long())
+    row_scale = target_scale if edge_values is None and diagonal is None else None
+    return operator_from_slots(graph, csr_values, csc_values, row_scale, diagonal)
+
+
+def operator_from_slots(graph: Graph, csr_values: Optional[torch.Tensor], csc_values: Optional[torch.Tensor],
+                        row_scale: Optional[torch.Tensor] = None, diagonal: Optional[torch.Tensor] = None) -> SpmmOperator:
+    """The operator with fp32 values given per slot of each side (None: ones), the forward's `row_scale` (see
+    OperatorSide) and `diagonal` (see build_operator)."""
     # The faster kernel depends on the structure's shape, dtype and width, not on the values: every
     # operator over graphs of one shape class shares one choice per side, so per-call edge weights
     # and a new mini-batch graph every step never re-time.
@@ -204,11 +216,7 @@ def build_operator(
     forward = OperatorSide(
         graph.csr_indptr, graph.csr_indices, csr_values, graph.num_dst_nodes, csr,
         lambda: row_order(graph, "csr", csr), shape=shape_class(graph.facts.csr),
-        row_scale=(
-            target_scale.to(torch.float32)
-            if edge_values is None and target_scale is not None and diagonal is None
-            else None
-        ),
+        row_scale=None if row_scale is None else row_scale.to(torch.float32),
         diagonal=diagonal,
     )
     backward = OperatorSide(
@@ -281,6 +289,8 @@ def gcn_propagate(
         return spmm(graph, x, edge_weight, "sum", op)
 
     def build() -> SpmmOperator:
+        if add_self_loops and edge_weight is None and graph.facts.self_loops == 0 and not graph.is_bipartite:
+            return _loop_free_gcn_operator(graph)
         looped, values = gcn_norm(
             graph, edge_weight, improved=improved, add_self_loops=add_self_loops, dtype=torch.float32
         )
@@ -294,3 +304,14 @@ def gcn_propagate(
     if edge_weight is not None:
         return apply_operator(build(), x, op)
     return apply_operator(graph.cached(("gcn_operator", improved, add_self_loops), build), x, op)
+
+
+def _loop_free_gcn_operator(graph: Graph) -> SpmmOperator:
+    """gcn_norm's operator for a graph without self-loops or edge weights (a mini-batch's, every step),
+    straight from its degrees: every weight is 1, so deg[i] = in-degree + 1 (its new loop), the value of
+    edge (s, t) is deg[s]^-1/2 * deg[t]^-1/2 and the loops' diagonal 1/deg; the same fp32 numbers as
+    gcn_norm's (products of the same two factors), without building the looped graph."""
+    inv_sqrt = (graph.in_degree + 1).to(torch.float32).pow_(-0.5)
+    csr_values = inv_sqrt.index_select(0, graph.csr_indices) * inv_sqrt.index_select(0, graph.csr_rows)
+    csc_values = csr_values.index_select(0, slot_map(graph.csr_eid, graph.csc_eid))
+    return operator_from_slots(graph, csr_values, csc_values, None, inv_sqrt * inv_sqrt)
