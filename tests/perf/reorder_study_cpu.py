@@ -1,6 +1,6 @@
 """CPU measurements of the reordering methods (issue 6): time and simulated cache locality.
 
-    python -m gnnio_cli.bench.reorder_study_cpu [--graph rmat20] [--communities 1000 --community-size 1000]
+    python tests/perf/reorder_study_cpu.py [--graph rmat20] [--communities 1000 --community-size 1000]
 
 Two checks, both printed as tables and returned as records:
 

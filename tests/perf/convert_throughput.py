@@ -8,7 +8,7 @@ Reports the medians and their ratio (acceptance, issue 2: at most 2). The
 conversion's peak memory is measured once more through the real entry point
 in a child process and set against the size of the arrays in the .h5.
 
-    python -m gnnio_cli.bench.convert_throughput [--scale 20] [--repeat 3] [--json]
+    python tests/perf/convert_throughput.py [--scale 20] [--repeat 3] [--json]
 
 pandas is needed only here; it is not a dependency of gnnio.
 """

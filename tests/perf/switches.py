@@ -9,7 +9,7 @@ that what drifts between machines and over a run falls on all of them alike:
 a change to a kernel is judged by its ratio to the variant it replaces, not
 by absolute times from different runs.
 
-    python -m gnnio_cli.bench.switches --graph rmat20 --layer gatv2,transformer --dtype bf16 \\
+    python tests/perf/switches.py --graph rmat20 --layer gatv2,transformer --dtype bf16 \\
         --variant GNNIO_ATTENTION_AHEAD=0 --variant GNNIO_ATTENTION_AHEAD=1
 
 A variant is a space-separated list of NAME=VALUE settings ("" leaves the

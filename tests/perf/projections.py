@@ -1,6 +1,6 @@
 """The layers' projection products, cuBLAS against the split-TF32 kernel, side by side in one process.
 
-    python -m gnnio_cli.bench.projections [--rows 1048576] [--features 128] [--counts 1,2,4] [--json]
+    python tests/perf/projections.py [--rows 1048576] [--features 128] [--counts 1,2,4] [--json]
 
 For each number of projections of one x [rows, features] (TransformerConv
 has 4, GATv2Conv 2), times ops.dense's three products with each

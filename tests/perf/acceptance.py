@@ -5,7 +5,7 @@ library function) on the standard graphs, writes each comparison's JSON and
 a verdict file to --out, and prints a short table last: one line per
 criterion with the measured ratio, the bound and pass/fail.
 
-    python -m gnnio_cli.bench.acceptance --out DIR [--suite spmm,attention] [--graphs rmat20,uniform20,grid1024]
+    python tests/perf/acceptance.py --out DIR [--suite spmm,attention] [--graphs rmat20,uniform20,grid1024]
 """
 
 from __future__ import annotations
