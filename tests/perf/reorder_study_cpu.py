@@ -10,7 +10,7 @@ Two checks, both printed as tables and returned as records:
   contiguous in the planted order, relabelled at random; the simulated L2
   hit rate of the planted order, the random order and each method.
 
-The numbers go into docs/BENCHMARKS.md under "Reordering on CPU (issue 6)".
+docs/PERFORMANCE.md ("Node orders") quotes its latest numbers.
 """
 
 from __future__ import annotations
