@@ -43,11 +43,18 @@ from typing import Iterator, Optional
 import torch
 
 from gnnio_cli.errors import NativeUnavailable
+from gnnio_cli.resources import NATIVE_DIR
 
-SOURCE_DIR = Path(__file__).resolve().parent.parent / "native"
+SOURCE_DIR = NATIVE_DIR
 EXTENSION_NAME = "gnnio_native"
 # Bump when the way the build is configured changes in a way the hash below misses.
 BUILD_RECIPE = 1
+
+# graph_facts' output layout: per side (CSR, then CSC) SIDE_WIDTH counts, then the edge list's
+# (gnnio_cli.graph.schedule reads it; its fake kernel below gives the shape).
+SIDE_WIDTH = 6  # max degree, non-empty rows, heavy rows and tiles at t0, the same with every degree + 1 at t1
+EDGE_FACTS = 5  # min source, max source, min target, max target, self-loops
+FACTS_WIDTH = 2 * SIDE_WIDTH + EDGE_FACTS
 
 CXX_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3", "-lineinfo"]
@@ -218,7 +225,7 @@ def _configure() -> tuple[Path, str, list[str], list[str]]:
         raise NativeUnavailable("native kernels disabled by GNNIO_NATIVE=0; unset it to use them")
     if not source_files():
         raise NativeUnavailable(
-            f"native sources not found in {SOURCE_DIR}; install gnnio from a source checkout (pip install -e .)"
+            f"native sources not found in {SOURCE_DIR}; reinstall gnnio (pip install gnnio, or pip install . in a checkout)"
         )
     if torch.version.cuda is None:
         raise NativeUnavailable(
@@ -465,7 +472,6 @@ def _register_fakes() -> None:
     if _fakes_registered:
         return
     _fakes_registered = True
-    from gnnio_cli.graph.schedule import FACTS_WIDTH
 
     @torch.library.register_fake("gnnio::segment_sum")
     def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,

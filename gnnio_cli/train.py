@@ -31,12 +31,12 @@ import torch
 import torch.nn.functional as F
 
 from gnnio_cli.errors import GnnioError
+from gnnio_cli.resources import SAMPLE_GRAPHS_DIR
 
 DATASETS = {"cora": "Cora", "citeseer": "CiteSeer"}
 MODELS = ("gcn", "gat")
 PLANETOID_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 NUM_VALIDATION = 500
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 # -------------------------------------------------------------------- data
@@ -68,11 +68,8 @@ class Planetoid:
 
 
 def planetoid_search_path(name: str) -> list[Path]:
-    """Where the raw files of dataset `name` (Cora, CiteSeer) are looked for, in order."""
-    return [
-        REPO_ROOT / "sample_graphs" / "planetoid" / name / "raw",
-        REPO_ROOT.parent / "shared" / "datasets" / "planetoid" / name / "raw",
-    ]
+    """Where the raw files of dataset `name` (Cora, CiteSeer) are looked for without --data-dir: the bundled copy."""
+    return [SAMPLE_GRAPHS_DIR / "planetoid" / name / "raw"]
 
 
 def find_planetoid(dataset: str, data_dir: Optional[Path] = None) -> Path:

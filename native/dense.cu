@@ -778,8 +778,8 @@ __device__ __forceinline__ void bulk_stores_wait() {
 // threads write it to `staging`, then thread r hands row r (512 contiguous
 // bytes of C) to the bulk copy engine, which stores it while the block goes
 // on to its next tile's multiply. Why: with direct stores from registers
-// the tensor cores wait while a tile's 64 KiB go out. Measured (H100, runs
-// 102-106 in docs/BENCHMARKS.md): the forward of four projections went
+// the tensor cores wait while a tile's 64 KiB go out. Measured (H100,
+// tests/perf/projections.py on x [1M, 128]): the forward of four projections went
 // 2.09 -> 2.00 ms with it (that product now runs gemm_resident_b_kernel);
 // the input gradient (16 k-tiles per tile, and one stage fewer for this
 // room) stayed within run-to-run spread, 1.44-1.55 ms. Returns false,
@@ -944,7 +944,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_split_tf32_kernel(const Gemm
 // from L2 once per block instead of once per k-tile (H100, four projections
 // of x [1M, 128]: 2.00 -> 1.86 ms, then 1.62 with the stores' fast path;
 // still about half the tensor cores' peak: ncu finds the warps waiting on
-// instruction latencies and the instruction cache, docs/BENCHMARKS.md run 107).
+// instruction latencies and the instruction cache).
 constexpr int kResidentKTiles = 4;  // K up to 128
 constexpr int kGroupRows = 64;      // rows of C per warpgroup item
 constexpr int kGroupThreads = 128;

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from gnnio_cli.bench import switches
+from perf import switches
 from gnnio_cli.errors import GnnioError
 
 

@@ -292,7 +292,7 @@ def test_auto_takes_the_kernel_where_the_product_fills_its_tiles(features, width
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
 def test_projection_bench_says_it_needs_a_gpu(capsys):
-    from gnnio_cli.bench import projections
+    from perf import projections
 
     assert projections.main(["--rows", "8"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err

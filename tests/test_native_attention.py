@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +21,15 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.graph.schedule import row_schedule
 from gnnio_cli.ops import attention as attention_ops
 from gnnio_cli.ops import attention_native, dispatch
-from testing import assert_within_torch_error, poison_cuda_cache, random_graph, randn, relative_error, with_index_dtype
+from testing import (
+    assert_within_torch_error,
+    poison_cuda_cache,
+    random_graph,
+    randn,
+    real_graphs,
+    relative_error,
+    with_index_dtype,
+)
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -33,7 +39,6 @@ pytestmark = [
 KINDS = ("gat", "gatv2", "transformer", "agnn")
 EDGE_KINDS = ("gat", "gatv2", "transformer")
 FP32_TOLERANCE = 2e-4
-DATASETS = Path(os.environ.get("GNNIO_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
 
 
 # ----------------------------------------------------------------- helpers
@@ -336,16 +341,11 @@ def test_dropout_statistics_and_fresh_masks():
     assert (evaluation != 0).all()
 
 
-def _dataset_graphs():
-    files = sorted(p for p in DATASETS.glob("*.gz")) if DATASETS.is_dir() else []
-    return files or [pytest.param(None, marks=pytest.mark.skip(reason=f"no datasets under {DATASETS}"))]
-
-
-@pytest.mark.parametrize("path", _dataset_graphs(), ids=lambda p: p.name if p else "none")
-def test_shipped_datasets(path):
+@pytest.mark.parametrize("real", real_graphs(), ids=lambda g: g.name)
+def test_real_graphs(real):
     from gnnio_cli.graph.io import read_edges
 
-    edges = read_edges(str(path))
+    edges = read_edges(str(real.path))
     graph = Graph.from_edge_index(np.stack([edges.src, edges.dst])).to("cuda")
     for kind in KINDS:
         inputs = make_inputs(kind, graph, 2, 16, torch.float32, edges=kind in EDGE_KINDS, seed=37)

@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from gnnio_cli.bench.reorder_study_cpu import planted_partition
+from perf.reorder_study_cpu import planted_partition
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.locality import CacheModel, locality, random_order
 from gnnio_cli.graph.rabbit import rabbit_communities, rabbit_dendrogram, rabbit_order, symmetric_adjacency

@@ -20,16 +20,8 @@ from gnnio_cli.train import build_model, evaluate, find_planetoid, load_planetoi
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def raw_dir_or_skip(dataset: str):
-    try:
-        return find_planetoid(dataset)
-    except GnnioError as err:
-        pytest.skip(str(err))
-
-
 @pytest.fixture(scope="module")
 def cora():
-    raw_dir_or_skip("cora")
     return load_planetoid("cora")
 
 
@@ -39,7 +31,7 @@ def test_loading_equals_pyg_planetoid(dataset, name, tmp_path):
     from torch_geometric.datasets import Planetoid
     from torch_geometric.transforms import NormalizeFeatures
 
-    raw_dir = raw_dir_or_skip(dataset)
+    raw_dir = find_planetoid(dataset)
     shutil.copytree(raw_dir, tmp_path / name / "raw")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -53,7 +45,6 @@ def test_loading_equals_pyg_planetoid(dataset, name, tmp_path):
 
 
 def test_public_split_sizes_and_citeseer_isolated_test_nodes():
-    raw_dir_or_skip("citeseer")
     citeseer = load_planetoid("citeseer")
     assert citeseer.x.shape == (3327, 3703) and citeseer.num_classes == 6
     assert [int(mask.sum()) for mask in (citeseer.train_mask, citeseer.val_mask, citeseer.test_mask)] == [120, 500, 1000]
@@ -120,7 +111,6 @@ def test_train_command_json_and_errors(cora, tmp_path):
 
 
 def test_gnnio_train_entry_point_runs():
-    raw_dir_or_skip("cora")
     completed = subprocess.run(
         [sys.executable, "-m", "gnnio_cli", "train", "--model", "gcn", "--seeds", "1", "--epochs", "1", "--no-against-pyg"],
         capture_output=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -222,3 +223,32 @@ def run_gnnio(args: list[str], capsys, monkeypatch, stdin: Optional[bytes] = Non
         status = exit.code if isinstance(exit.code, int) else 1
     captured = capsys.readouterr()
     return status, captured.out, captured.err
+
+
+@dataclasses.dataclass(frozen=True)
+class RealGraph:
+    """One real graph of a manifest: its file, whether it is directed, and the counts the manifest states."""
+
+    name: str
+    path: Path
+    directed: bool
+    stats: dict
+
+
+def real_graphs() -> list[RealGraph]:
+    """The graphs of sample_graphs/manifest.json, then those of $GNNIO_DATASETS/manifest.json when that
+    variable names a folder of the user's own graphs (same manifest format)."""
+    import json
+    import os
+
+    from gnnio_cli.resources import SAMPLE_GRAPHS_DIR
+
+    folders = [SAMPLE_GRAPHS_DIR] + ([Path(os.environ["GNNIO_DATASETS"])] if os.environ.get("GNNIO_DATASETS") else [])
+    graphs = []
+    for folder in folders:
+        manifest = folder / "manifest.json"
+        if not manifest.is_file():
+            raise FileNotFoundError(f"no manifest.json in {folder} (GNNIO_DATASETS must name a folder with one)")
+        for entry in json.loads(manifest.read_text())["datasets"]:
+            graphs.append(RealGraph(entry["name"], folder / entry["stats"]["file"], entry["directed"], entry["stats"]))
+    return graphs

@@ -61,7 +61,7 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> Optiona
         return None
     # Garbage from earlier calls is collected first, and the baseline read after
     # the reset: a tensor freed in between would otherwise count against the
-    # call (run 8 reported -7 MiB for one bf16 row).
+    # call (a negative peak, -7 MiB, was once reported for a bf16 layer).
     gc.collect()
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)

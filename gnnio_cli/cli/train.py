@@ -22,7 +22,7 @@ RESULT_COLUMNS = ["library", "mean test acc", "std", "min", "max", "ms / epoch"]
               help="Also train with PyG's layers (same seeds, same weights at start) when torch-geometric is installed.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder with the raw ind.<name>.* files (or a Planetoid root). "
-              "Default: sample_graphs/planetoid, then ../shared/datasets/planetoid.")
+              "Default: the copies bundled with gnnio (sample_graphs/planetoid).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 def command(model, dataset, seeds, epochs, device, against_pyg, data_dir, as_json):
     """Train MODEL on a Planetoid graph and print the mean and standard deviation of test accuracy.

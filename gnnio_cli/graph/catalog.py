@@ -29,9 +29,9 @@ from typing import Optional
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph.graph import Graph
+from gnnio_cli.resources import SAMPLE_GRAPHS_DIR
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "sample_graphs"
-SAMPLE_GRAPH = SAMPLE_DIR / "cora.edges.txt.gz"
+SAMPLE_GRAPH = SAMPLE_GRAPHS_DIR / "cora.edges.txt.gz"
 MODIFIER = re.compile(r"shuffled|(hub|spread)(\d+)")
 
 
@@ -98,7 +98,7 @@ def _generated(spec: str) -> NamedGraph:
 def _sample() -> NamedGraph:
     if not SAMPLE_GRAPH.exists():
         raise GnnioError(
-            f"the bundled sample graph {SAMPLE_GRAPH} is missing (gnnio installed without its sample_graphs folder?); pass --graph"
+            f"the bundled sample graph {SAMPLE_GRAPH} is missing (gnnio installed without its sample graphs? reinstall it); pass --graph"
         )
     from gnnio_cli.graph import convert, io
 

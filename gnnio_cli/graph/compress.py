@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from gnnio_cli import native
+
 INT32_MAX = 2**31 - 1
 
 
@@ -87,11 +89,7 @@ def compress(src: Tensor, dst: Tensor, num_src: int, num_dst: int, index_dtype: 
 def on_native(tensor: Tensor) -> bool:
     """Whether a structure op on `tensor` runs as one native call (a CUDA tensor and the extension loaded):
     a mini-batch step waits on the host, and a chain of small torch ops costs it microseconds per op."""
-    if not tensor.is_cuda:
-        return False
-    from gnnio_cli import native
-
-    return native.is_available()
+    return tensor.is_cuda and native.is_available()
 
 
 def append_loops(indptr: Tensor, indices: Tensor, eid: Tensor, num_loops: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from gnnio_cli.graph.compress import on_native
+from gnnio_cli.native import EDGE_FACTS, SIDE_WIDTH
 
 if TYPE_CHECKING:
     from gnnio_cli.graph.graph import Graph
@@ -46,10 +47,7 @@ TILE_AVERAGE_FACTOR = 4
 # 3.95 / 15.3 ms; rows below 131,072 in-edges are not affected.
 MAX_TILES_PER_ROW = 1024
 
-# graph_facts' output layout: per side (CSR, then CSC) SIDE_WIDTH counts, then the edge list's.
-SIDE_WIDTH = 6  # max degree, non-empty rows, heavy rows and tiles at t0, the same with every degree + 1 at t1
-EDGE_FACTS = 5  # min source, max source, min target, max target, self-loops
-FACTS_WIDTH = 2 * SIDE_WIDTH + EDGE_FACTS
+# graph_facts' output layout (SIDE_WIDTH, EDGE_FACTS, FACTS_WIDTH) is the native op's contract: gnnio_cli.native.
 
 
 def base_tile_length(num_rows: int, num_slots: int) -> int:

@@ -58,14 +58,17 @@ def patch_pyg() -> PygPatch:
         import torch_geometric.nn.conv as pyg_conv
     except ImportError as err:
         raise GnnioError(f"patch_pyg: torch_geometric is not importable ({err}); install it with 'pip install torch-geometric'") from None
-    import gnnio_cli.nn as gnnio_nn
+    # The layers' own modules, not the package gnnio_cli.nn, which imports this module.
+    from gnnio_cli.nn import gat, gcn, sage, transformer
+    from gnnio_cli.nn.message_passing import LAYERS
 
+    ours = {name: layer for module in (gat, gcn, sage, transformer) for name, layer in vars(module).items() if name in LAYERS}
     swaps = {}
-    for name in gnnio_nn.LAYERS:
+    for name in LAYERS:
         original = getattr(pyg_conv, name)
-        if original is getattr(gnnio_nn, name):
+        if original is ours[name]:
             raise GnnioError("patch_pyg: PyG's layers are already patched; restore the earlier patch first")
-        swaps[name] = (original, getattr(gnnio_nn, name))
+        swaps[name] = (original, ours[name])
     handle = PygPatch()
     for module_name, module in list(sys.modules.items()):
         if module is None or not (module_name == "torch_geometric" or module_name.startswith("torch_geometric.")):

@@ -248,7 +248,7 @@ def _source_first(kind: int, dtype: torch.dtype) -> bool:
     the target pass gathers one row per edge (DOT's key) or none (GAT) instead of
     recomputing every score from two. The source pass needs delta = <grad_out, out>
     first: it comes from the saved output (one more [Nd, H, C] tensor kept for
-    backward, 512 MiB on rmat20). H100, rmat20, fp32 fwd+bwd (run 49): GAT 7.46
+    backward, 512 MiB on rmat20). H100, rmat20, fp32 fwd+bwd: GAT 7.46
     against 7.62 ms, Transformer 11.87 against 12.43; TransformerConv's training
     step peaks at 3,921 MiB. A 16-bit output is rounded, and that rounding would
     reach d score = p * (dp - delta), where dp and delta nearly cancel: 16-bit
