@@ -504,11 +504,12 @@ class GATv2Conv(EdgeFeaturesForward, _AttentionConv, pyg_name="GATv2Conv"):
         num_loops = min(x_src.shape[0], x_dst.shape[0])
         adjacency, edge_attr = self._edges_with_loops(adjacency, num_loops, edge_attr)
         bias = self._attention_bias(h_src, residual)
+        att = self.att.view(heads, channels)
         result = graph_ops.gatv2_attention(
             adjacency.graph,
             h_src,
             h_dst,
-            self.att.view(heads, channels),
+            att.to(h_src.dtype),
             self._projected_edges(edge_attr),
             negative_slope=self.negative_slope,
             dropout=self.dropout,
@@ -517,6 +518,11 @@ class GATv2Conv(EdgeFeaturesForward, _AttentionConv, pyg_name="GATv2Conv"):
             bias=bias,
         )
         out, alpha = result if return_attention_weights else (result, None)
+        if out.dtype != att.dtype:
+            # Under autocast the projections are 16-bit and att fp32: PyG's scores (x * att).sum(-1), and with
+            # them the weighted messages, come out in fp32. The op takes one dtype (it accumulates in fp32).
+            out = out.to(torch.promote_types(out.dtype, att.dtype))
+            alpha = None if alpha is None else alpha.to(out.dtype)
         return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights, bias is not None)
 
     def __repr__(self) -> str:
