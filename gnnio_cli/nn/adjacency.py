@@ -39,6 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import replaced_self_loops
+from gnnio_cli.nn.graph_ops import EdgeRef
 from gnnio_cli.nn.message_passing import PYG
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
@@ -134,12 +135,7 @@ def as_adjacency(edges: EdgesInput, num_src: int, num_dst: int, device: torch.de
         )
     if edges.layout in SPARSE_LAYOUTS:
         return _sparse_adjacency(edges, num_src, num_dst, device)
-    if edges.layout != torch.strided:
-        raise EdgeIndexError(f"edge_index: unsupported tensor layout {edges.layout}")
-    if edges.dtype.is_floating_point or edges.dtype.is_complex or edges.dtype == torch.bool:
-        raise EdgeIndexError(f"edge_index must hold integers, got dtype {edges.dtype}")
-    if edges.dim() != 2 or edges.shape[0] != 2:
-        raise EdgeIndexError(f"edge_index must have shape [2, E], got {tuple(edges.shape)}")
+    check_edge_index(edges)
     key = (num_src, num_dst, str(device)) + (("target_to_source",) if reverse else ())
 
     def build() -> Adjacency:
@@ -150,6 +146,17 @@ def as_adjacency(edges: EdgesInput, num_src: int, num_dst: int, device: torch.de
         return Adjacency(graph.to(device), reversed=reverse)
 
     return _cached(edges, key, (edges,), build)
+
+
+def check_edge_index(edges: Tensor) -> Tensor:
+    """`edges` if it is a strided integer [2, E] tensor, else an EdgeIndexError naming what is wrong."""
+    if edges.layout != torch.strided:
+        raise EdgeIndexError(f"edge_index: unsupported tensor layout {edges.layout}")
+    if edges.dtype.is_floating_point or edges.dtype.is_complex or edges.dtype == torch.bool:
+        raise EdgeIndexError(f"edge_index must hold integers, got dtype {edges.dtype}")
+    if edges.dim() != 2 or edges.shape[0] != 2:
+        raise EdgeIndexError(f"edge_index must have shape [2, E], got {tuple(edges.shape)}")
+    return edges
 
 
 def _cached(tensor: Tensor, key, parts: tuple, build) -> Adjacency:
@@ -252,6 +259,8 @@ def with_self_loops(
     then sorted by (target, source), as PyG re-coalesces the adjacency.
     Returns the looped Adjacency and the looped edge_attr (None if not given).
     """
+    if isinstance(adjacency.graph, EdgeRef):  # the graph-level ops add the loops (edge features: see the layers)
+        return Adjacency(adjacency.graph._replace(loops=num_loops), reversed=adjacency.reversed), edge_attr
     looped = replaced_self_loops(adjacency.graph, num_loops, row_major=adjacency.is_sparse)
 
     def carry(per_edge: Optional[Tensor]) -> Optional[Tensor]:

@@ -16,9 +16,12 @@ from gnnio_cli.nn.adjacency import (
     SPARSE_LAYOUTS,
     Adjacency,
     as_adjacency,
+    check_edge_index,
     is_edge_index_class,
     plain_edges,
 )
+from gnnio_cli.nn.graph_ops import EdgeRef, tracing
+from gnnio_cli.nn import graph_ops
 from gnnio_cli.nn.message_passing import (
     NATIVE_REDUCTIONS,
     PYG,
@@ -84,6 +87,8 @@ class ConvBase(MessagePassingBase):
 
     # ------------------------------------------------------------ paths
     def _ran(self, path: str) -> None:
+        if tracing():  # a compiled or traced call mutates no Python state per call
+            return
         if self.__dict__.get("last_path") != path:  # set only on a change: Module.__setattr__ costs host time
             self.last_path = path
 
@@ -96,14 +101,17 @@ class ConvBase(MessagePassingBase):
             return f"aggr={self.aggr!r}"
         if PYG is not None and PYG.sparse_tensor is not None and isinstance(edges, PYG.sparse_tensor):
             return "a torch_sparse SparseTensor"
+        if tracing() and isinstance(edges, Tensor) and edges.layout in SPARSE_LAYOUTS:
+            return "a sparse adjacency under torch.compile or torch.jit.trace"
         return None
 
     def _run_pyg(self, reason: str, *args, **kwargs):
         """PyG's forward of this layer on this module, for a call gnnio has no kernel for (`reason` says which)."""
         if PYG is None:
             raise needs_pyg(type(self).__name__, reason)
-        self._ran("pyg")
-        dispatch.record(type(self).__name__, "pyg")
+        if not tracing():
+            self._ran("pyg")
+            dispatch.record(type(self).__name__, "pyg")
         return self._pyg_forward(*args, **kwargs)
 
     def reduction(self) -> Optional[str]:
@@ -123,11 +131,17 @@ class ConvBase(MessagePassingBase):
         then from the features; every count given must agree (else a one-line error naming both).
         Without target features or a count for them, there are as many targets as sources (PyG's rule).
         With flow="target_to_source" the edges are read reversed (edge_index[1] -> edge_index[0]).
+        While tracing (torch.compile, torch.jit.trace) the Adjacency's graph is an EdgeRef: the edge_index
+        and the counts, for the graph-level ops (gnnio_cli.nn.graph_ops).
         """
         reverse = self.flow == "target_to_source"
-        if size is None and not reverse and type(edges) is Tensor and edges.layout == torch.strided:
+        traced = tracing()
+        if size is None and not reverse and not traced and type(edges) is Tensor and edges.layout == torch.strided:
             return as_adjacency(edges, num_src, num_src if num_dst is None else num_dst, device)  # the common call
         name = type(self).__name__
+        if traced and isinstance(edges, Graph):
+            raise GnnioError(f"{name}: under torch.compile or torch.jit.trace pass the edges as an edge_index, "
+                             f"not a gnnio Graph")
         sparse = isinstance(edges, Tensor) and edges.layout in SPARSE_LAYOUTS
         if reverse and (sparse or isinstance(edges, Graph)):
             raise GnnioError(
@@ -157,6 +171,9 @@ class ConvBase(MessagePassingBase):
                 )
         if counts[1] is None:
             counts[1] = counts[0]
+        if traced:
+            edge_index = check_edge_index(plain_edges(edges))
+            return Adjacency(EdgeRef(edge_index, counts[0], counts[1], reverse))
         return as_adjacency(plain_edges(edges), counts[0], counts[1], device, reverse=reverse)
 
 
@@ -230,6 +247,8 @@ def aggregate_neighbours(adjacency: Adjacency, x_src: Tensor, reduce: str) -> Te
     values weight the messages (value * x_src[s]), as PyG's sparse matmul does;
     edge_index and Graph inputs aggregate unweighted.
     """
+    if isinstance(adjacency.graph, EdgeRef):
+        return graph_ops.aggregate(adjacency.graph, x_src, reduce)
     if adjacency.values is None:
         return aggregate(adjacency.graph, x_src, reduce)
     weights = adjacency.values

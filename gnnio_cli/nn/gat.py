@@ -30,7 +30,9 @@ from gnnio_cli.nn.linear import (
     zeros_,
 )
 from gnnio_cli.nn.message_passing import AttentionOutput, Edges, NodeFeatures, Size
-from gnnio_cli.ops import attention, dense
+from gnnio_cli.nn import graph_ops
+from gnnio_cli.nn.graph_ops import tracing
+from gnnio_cli.ops import dense
 
 
 def head_dots(h: Tensor, *vectors: Tensor) -> tuple[Tensor, ...]:
@@ -229,6 +231,13 @@ class _AttentionConv(ConvBase):
             )
         return reversed_pair_reason(self, x)
 
+    def _traced_reason(self, edge_attr: Optional[Tensor], return_attention_weights: Optional[bool]) -> Optional[str]:
+        """Why a traced call (torch.compile, torch.jit.trace) runs PyG's code: with self-loops added, the edge
+        features carried through them and the returned edges have as many rows as the edges have non-loops."""
+        if tracing() and self.add_self_loops and (edge_attr is not None or return_attention_weights):
+            return "edge features or returned attention weights with self-loops under torch.compile or torch.jit.trace"
+        return None
+
     def _edges_with_loops(
         self, adjacency: Adjacency, num_loops: int, edge_attr: Optional[Tensor]
     ) -> tuple[Adjacency, Optional[Tensor]]:
@@ -365,7 +374,7 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
             return self._forward(x, edge_index, edge_attr, size, return_attention_weights)
 
     def _forward(self, x, edge_index, edge_attr, size, return_attention_weights) -> AttentionOutput:
-        reason = self._reason(x, edge_index)
+        reason = self._reason(x, edge_index) or self._traced_reason(edge_attr, return_attention_weights)
         if reason is not None:
             return self._run_pyg(reason, x, edge_index, edge_attr, size, return_attention_weights)
         self._ran("gnnio")
@@ -399,7 +408,7 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
         edge_features = self._projected_edges(edge_attr)
         edge_alpha = None if edge_features is None else (edge_features * self.att_edge).sum(dim=-1)
         bias = self._attention_bias(h_src, residual)
-        result = attention.gat_attention(
+        result = graph_ops.gat_attention(
             adjacency.graph,
             h_src,
             alpha_src,
@@ -484,6 +493,8 @@ class GATv2Conv(EdgeFeaturesForward, _AttentionConv, pyg_name="GATv2Conv"):
                 reason = "target features None"
             elif edge_attr is not None and self.lin_edge is None:
                 reason = "edge_attr without edge_dim"
+            else:
+                reason = self._traced_reason(edge_attr, return_attention_weights)
         if reason is not None:
             return self._run_pyg(reason, x, edge_index, edge_attr, return_attention_weights)
         self._ran("gnnio")
@@ -503,11 +514,12 @@ class GATv2Conv(EdgeFeaturesForward, _AttentionConv, pyg_name="GATv2Conv"):
         num_loops = min(x_src.shape[0], x_dst.shape[0])
         adjacency, edge_attr = self._edges_with_loops(adjacency, num_loops, edge_attr)
         bias = self._attention_bias(h_src, residual)
-        result = attention.gatv2_attention(
+        att = self.att.view(heads, channels)
+        result = graph_ops.gatv2_attention(
             adjacency.graph,
             h_src,
             h_dst,
-            self.att.view(heads, channels),
+            att.to(h_src.dtype),
             self._projected_edges(edge_attr),
             negative_slope=self.negative_slope,
             dropout=self.dropout,
@@ -516,6 +528,11 @@ class GATv2Conv(EdgeFeaturesForward, _AttentionConv, pyg_name="GATv2Conv"):
             bias=bias,
         )
         out, alpha = result if return_attention_weights else (result, None)
+        if out.dtype != att.dtype:
+            # Under autocast the projections are 16-bit and att fp32: PyG's scores (x * att).sum(-1), and with
+            # them the weighted messages, come out in fp32. The op takes one dtype (it accumulates in fp32).
+            out = out.to(torch.promote_types(out.dtype, att.dtype))
+            alpha = None if alpha is None else alpha.to(out.dtype)
         return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights, bias is not None)
 
     def __repr__(self) -> str:

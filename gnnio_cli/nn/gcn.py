@@ -12,6 +12,8 @@ from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import appended_self_loops
 from gnnio_cli.nn.adjacency import Adjacency
+from gnnio_cli.nn import graph_ops
+from gnnio_cli.nn.graph_ops import EdgeRef, tracing
 from gnnio_cli.nn.base import ConvBase, nodes_back, nodes_first, static_sparse_reason
 from gnnio_cli.nn.linear import Linear, add_bias, zeros_
 from gnnio_cli.nn.message_passing import Edges
@@ -100,6 +102,8 @@ class GCNConv(ConvBase, pyg_name="GCNConv"):
         if isinstance(x, (tuple, list)):
             raise GnnioError("GCNConv: takes one node feature tensor, not a (source, target) pair; use SAGEConv")
         reason = self._pyg_reason(GCN_REDUCTIONS, edge_index) or static_sparse_reason(x, self.node_dim, edge_index)
+        if reason is None and self.cached and tracing():
+            reason = "cached=True under torch.compile or torch.jit.trace"  # it keeps Python state between calls
         if reason is not None:
             return self._run_pyg(reason, x, edge_index, edge_weight)
         self._ran("gnnio")
@@ -118,7 +122,10 @@ class GCNConv(ConvBase, pyg_name="GCNConv"):
             raise NotImplementedError("GCNConv: PyG 2.8's gcn_norm takes no sparse CSC adjacency; convert it with .to_sparse_csr()")
         adjacency = self.adjacency(edge_index, num_nodes, num_nodes, x.device)
         h = nodes_first(self.lin(x), self.node_dim)
-        if not self.normalize or cache is not None:
+        if isinstance(adjacency.graph, EdgeRef):
+            out = graph_ops.propagate(adjacency.graph, h, edge_weight, reduce, normalize=self.normalize,
+                                      add_self_loops=self.add_self_loops, improved=self.improved)
+        elif not self.normalize or cache is not None:
             out = spmm(adjacency.graph, h, adjacency.values if adjacency.is_sparse else edge_weight, reduce=reduce)
         elif self.cached:
             out = self._cache_normalization(adjacency, h, edge_weight, reduce)

@@ -19,6 +19,7 @@ from torch.nn.parameter import Parameter, UninitializedParameter, is_lazy
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.base import registered_parameters
+from gnnio_cli.nn.graph_ops import tracing
 from gnnio_cli.ops import dense
 from gnnio_cli.ops.dense import bias_gradient
 
@@ -110,7 +111,14 @@ def plain_projection(x: Tensor, *linears: "Linear") -> bool:
 
 def plain_projection_by(x: Tensor, weights: list) -> bool:
     """plain_projection for linears of these weights."""
-    return torch.is_autocast_enabled(x.device.type) or any(is_lazy(weight) for weight in weights)
+    return plain_torch(x) or any(is_lazy(weight) for weight in weights)
+
+
+def plain_torch(x: Tensor) -> bool:
+    """Whether the layers' dense parts run plain torch functions rather than gnnio's fused autograd functions:
+    under autocast (which casts inside F.linear) and while tracing (torch.compile fuses them itself, and
+    torch.jit.trace records them)."""
+    return tracing() or torch.is_autocast_enabled(x.device.type)
 
 
 def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
@@ -125,8 +133,8 @@ def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
 
 
 def add_bias(x: Tensor, bias: Tensor) -> Tensor:
-    """x + bias, as every layer adds its output bias (see bias_gradient); plain torch under autocast."""
-    if torch.is_autocast_enabled(x.device.type):
+    """x + bias, as every layer adds its output bias (see bias_gradient); plain torch under autocast or tracing."""
+    if plain_torch(x):
         return x + bias
     return _BiasAdd.apply(x, bias)
 
@@ -194,7 +202,7 @@ class Linear(torch.nn.Module):
         """x: [*, in_channels] -> [*, out_channels]."""
         if torch.jit.is_scripting() or not isinstance(x, Tensor):  # (F.linear's error for a non-tensor, as PyG's)
             return F.linear(x, self.weight, self.bias)
-        if self.bias is None or torch.is_autocast_enabled(x.device.type):
+        if self.bias is None or plain_torch(x):
             return F.linear(x, self.weight, self.bias)
         return affine(x, self.weight, self.bias)
 

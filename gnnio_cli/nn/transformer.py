@@ -13,7 +13,7 @@ from gnnio_cli.nn.adjacency import with_self_loops
 from gnnio_cli.nn.base import ConvBase, EdgeFeaturesForward, registered_children, returned_edges, reversed_pair_reason, split_pair
 from gnnio_cli.nn.linear import Linear, project_shared
 from gnnio_cli.nn.message_passing import AttentionOutput, Edges, NodeFeatures
-from gnnio_cli.ops import attention
+from gnnio_cli.nn import graph_ops
 
 
 class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv"):
@@ -115,7 +115,7 @@ class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv")
         # A plain skip connection on concatenated heads is added by the attention op as it stores each row
         # (one pass over the output fewer); a gated or head-averaged one afterwards, as PyG does.
         fused_skip = skip is not None and self.lin_beta is None and self.concat
-        result = attention.transformer_attention(
+        result = graph_ops.transformer_attention(
             adjacency.graph,
             query,
             key,
@@ -203,4 +203,4 @@ class AGNNConv(ConvBase, pyg_name="AGNNConv"):
         adjacency = self.adjacency(edge_index, x.shape[0], x.shape[0], x.device)
         if self.add_self_loops:
             adjacency, _ = with_self_loops(adjacency, x.shape[0])
-        return attention.agnn_attention(adjacency.graph, x, x, self.beta, training=self.training)
+        return graph_ops.agnn_attention(adjacency.graph, x, x, self.beta, training=self.training)

@@ -34,6 +34,7 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.ops import attention_native, dispatch
 from gnnio_cli.ops.segment import (
     accumulation_dtype,
+    autocast_off,
     check_same_dtype,
     check_tensor,
     eid_to_slot,
@@ -150,8 +151,9 @@ def gatv2_attention(
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
     edge_slot = None if edge_feat is None else eid_to_slot(graph, edge_feat).to(compute)
-    scores = _GatV2Scores.apply(x_src.to(compute), x_dst.to(compute), att.to(compute), edge_slot, graph,
-                                negative_slope, x_src.dtype)
+    with autocast_off(x_src.device.type):  # the scores' products in the compute dtype
+        scores = _GatV2Scores.apply(x_src.to(compute), x_dst.to(compute), att.to(compute), edge_slot, graph,
+                                    negative_slope, x_src.dtype)
     result = _softmax_aggregate(
         graph, scores, x_src.to(compute), None, dropout, training, return_attention, x_src.dtype, return_dropped=True
     )

@@ -92,7 +92,7 @@ def extremum_candidates(graph: Graph, x: torch.Tensor) -> tuple[str, ...]:
     return ("warp",)
 
 
-def _run_forward(
+def run_extremum(
     kernel: str, graph: Graph, x: torch.Tensor, is_min: bool, with_masks: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, masks); without `with_masks` (no gradient to route) the kernels skip the masks: [0, ceil(F / 32)]."""
@@ -111,7 +111,7 @@ def extremum_kernel(graph: Graph, x: torch.Tensor, is_min: bool) -> str:
     return choose_kernel(
         candidates, variable="GNNIO_EXTREMUM_KERNEL", names=EXTREMUM_KERNELS, fallback="warp",
         key=("extremum", *shape_class(graph.facts.csr), x.dtype, x.shape[1], x.device, candidates),
-        run=lambda kernel: _run_forward(kernel, graph, x, is_min),
+        run=lambda kernel: run_extremum(kernel, graph, x, is_min),
     )  # fmt: skip
 
 
@@ -121,7 +121,7 @@ class _Extremum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, graph: Graph, is_min: bool, kernel: str) -> torch.Tensor:
         # Inference (x needs no gradient, e.g. under torch.no_grad) writes no masks.
-        out, masks = _run_forward(kernel, graph, x, is_min, with_masks=ctx.needs_input_grad[0])
+        out, masks = run_extremum(kernel, graph, x, is_min, with_masks=ctx.needs_input_grad[0])
         ctx.save_for_backward(masks)
         ctx.graph = graph
         return out
@@ -129,12 +129,15 @@ class _Extremum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (masks,) = ctx.saved_tensors
-        graph = ctx.graph
-        grad_x = torch.ops.gnnio.segment_extremum_masked_backward(
-            graph.csc_indptr, graph.csc_indices, sorted_rows(graph).csc_mask_slot, grad_out.contiguous(), masks,
-            graph.num_src_nodes, *row_schedule(graph, "csc").args(),
-        )
-        return grad_x, None, None, None
+        return extremum_backward(ctx.graph, grad_out.contiguous(), masks), None, None, None
+
+
+def extremum_backward(graph: Graph, grad_out: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """grad_x [num_src, F] of max/min from grad_out [num_dst, F] (contiguous) and the forward's winner masks."""
+    return torch.ops.gnnio.segment_extremum_masked_backward(
+        graph.csc_indptr, graph.csc_indices, sorted_rows(graph).csc_mask_slot, grad_out, masks,
+        graph.num_src_nodes, *row_schedule(graph, "csc").args(),
+    )
 
 
 def aggregate(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:

@@ -13,6 +13,7 @@ are (index tensors never carry gradients).
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from typing import Optional, Sequence
 
 import torch
@@ -277,7 +278,19 @@ def _slot_order(graph: Graph, heads: int) -> torch.Tensor:
     return graph.cached(("head_pattern_inverse", heads), build)
 
 
+def autocast_off(device_type: str):
+    """A context without autocast where autocast is on: the reference's products run in the dtypes the ops
+    chose (fp32 for 16-bit features, accumulating in fp32), which autocast would lower to 16 bits (and
+    the CPU's sparse products do not take bf16)."""
+    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
+
+
 def _matmul(graph: Graph, values: Optional[torch.Tensor], x: torch.Tensor, transpose: bool) -> torch.Tensor:
+    with autocast_off(x.device.type):
+        return _matmul_in_dtype(graph, values, x, transpose)
+
+
+def _matmul_in_dtype(graph: Graph, values: Optional[torch.Tensor], x: torch.Tensor, transpose: bool) -> torch.Tensor:
     num_rows = graph.num_src_nodes if transpose else graph.num_dst_nodes
     if graph.num_edges == 0 or x.numel() == 0:
         return x.new_zeros((num_rows, *x.shape[1:]))
@@ -296,6 +309,11 @@ def _matmul(graph: Graph, values: Optional[torch.Tensor], x: torch.Tensor, trans
 
 
 def _sddmm(graph: Graph, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with autocast_off(a.device.type):
+        return _sddmm_in_dtype(graph, a, b)
+
+
+def _sddmm_in_dtype(graph: Graph, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if graph.num_edges == 0:
         return a.new_zeros((0, *a.shape[1:-1]))
     if a.dim() == 2:

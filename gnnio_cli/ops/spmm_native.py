@@ -277,16 +277,20 @@ def gcn_propagate(
     normalize: bool,
 ) -> torch.Tensor:
     """Native :func:`gnnio_cli.ops.spmm.gcn_propagate`: the reference gcn_norm values (computed once
-    in fp32 and cached when there are no edge weights), then one SpMM.
+    in fp32 and cached when there are no edge weights), then one SpMM (see :func:`gcn_operator`)."""
+    op = "gcn_propagate"
+    if not normalize:
+        return spmm(graph, x, edge_weight, "sum", op)
+    return apply_operator(gcn_operator(graph, edge_weight, improved, add_self_loops), x, op)
+
+
+def gcn_operator(graph: Graph, edge_weight: Optional[torch.Tensor], improved: bool, add_self_loops: bool) -> SpmmOperator:
+    """GCN's normalised operator (cached on the graph without edge weights).
 
     With self-loops the operator is the graph's non-loop edges plus a diagonal (one loop per node, as
     gcn_norm adds them): gnnio's kernels read x[i] for node i's loop in row order, where a loop slot
     would gather it (on rmat20 the loops, 6% more slots, cost cuSPARSE 20% more time)."""
     from gnnio_cli.ops.spmm import gcn_norm
-
-    op = "gcn_propagate"
-    if not normalize:
-        return spmm(graph, x, edge_weight, "sum", op)
 
     def build() -> SpmmOperator:
         if add_self_loops and edge_weight is None and graph.facts.self_loops == 0 and not graph.is_bipartite:
@@ -302,8 +306,23 @@ def gcn_propagate(
         return build_operator(loop_free, values[:kept], None, diagonal=values[kept:])
 
     if edge_weight is not None:
-        return apply_operator(build(), x, op)
-    return apply_operator(graph.cached(("gcn_operator", improved, add_self_loops), build), x, op)
+        return build()
+    return graph.cached(("gcn_operator", improved, add_self_loops), build)
+
+
+def operator_of(graph: Graph, edge_weight: Optional[torch.Tensor], reduce: str, normalize: bool,
+                add_self_loops: bool, improved: bool, dtype: torch.dtype) -> SpmmOperator:
+    """The operator that GCN's propagation (normalize, reduce "sum"), a normalised mean (gcn_norm's values in
+    `dtype`, the features' own, then the mean) or a plain sum/mean applies: its backward side serves a
+    graph-level op's backward (gnnio_cli.nn.graph_ops)."""
+    from gnnio_cli.ops.spmm import gcn_norm
+
+    if normalize and reduce == "sum":
+        return gcn_operator(graph, edge_weight, improved, add_self_loops)
+    if normalize:
+        graph, edge_weight = gcn_norm(graph, edge_weight, improved=improved, add_self_loops=add_self_loops,
+                                      dtype=dtype if edge_weight is None else edge_weight.dtype)
+    return _operator(graph, edge_weight, reduce)
 
 
 def _loop_free_gcn_operator(graph: Graph) -> SpmmOperator:
