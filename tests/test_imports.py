@@ -15,8 +15,7 @@ import gnnio_cli
 
 PACKAGE = Path(gnnio_cli.__file__).resolve().parent
 
-# The one circle left, being removed: ops.spmm dispatches to ops.spmm_native, which reuses spmm's reference.
-KNOWN_CIRCLES = [{"gnnio_cli.ops.spmm", "gnnio_cli.ops.spmm_native"}]
+KNOWN_CIRCLES: list = []
 
 
 def module_names() -> dict[str, Path]:

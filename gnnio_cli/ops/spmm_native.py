@@ -51,6 +51,7 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.graph.compress import slot_map
 from gnnio_cli.graph.loops import without_self_loops
 from gnnio_cli.ops import dispatch
+from gnnio_cli.ops.gcn_norm import gcn_norm
 from gnnio_cli.ops.tuning import choose_kernel, shape_class
 from gnnio_cli.graph.schedule import RowOrder, RowSchedule, row_order, row_schedule
 
@@ -290,8 +291,6 @@ def gcn_operator(graph: Graph, edge_weight: Optional[torch.Tensor], improved: bo
     With self-loops the operator is the graph's non-loop edges plus a diagonal (one loop per node, as
     gcn_norm adds them): gnnio's kernels read x[i] for node i's loop in row order, where a loop slot
     would gather it (on rmat20 the loops, 6% more slots, cost cuSPARSE 20% more time)."""
-    from gnnio_cli.ops.spmm import gcn_norm
-
     def build() -> SpmmOperator:
         if add_self_loops and edge_weight is None and graph.facts.self_loops == 0 and not graph.is_bipartite:
             return _loop_free_gcn_operator(graph)
@@ -315,8 +314,6 @@ def operator_of(graph: Graph, edge_weight: Optional[torch.Tensor], reduce: str, 
     """The operator that GCN's propagation (normalize, reduce "sum"), a normalised mean (gcn_norm's values in
     `dtype`, the features' own, then the mean) or a plain sum/mean applies: its backward side serves a
     graph-level op's backward (gnnio_cli.nn.graph_ops)."""
-    from gnnio_cli.ops.spmm import gcn_norm
-
     if normalize and reduce == "sum":
         return gcn_operator(graph, edge_weight, improved, add_self_loops)
     if normalize:
