@@ -30,7 +30,7 @@ for COO, which is coalesced first, and CSR; column-major for CSC).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
@@ -39,7 +39,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import replaced_self_loops
-from gnnio_cli.nn.graph_ops import EdgeRef
 from gnnio_cli.nn.message_passing import PYG
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
@@ -50,6 +49,29 @@ FillValue = Union[None, float, int, Tensor, str]
 
 # edge_index or sparse tensor -> {(num_src, num_dst, device, ...): (snapshot of its ids, Adjacency)}
 _ADJACENCY_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+# EdgeRef.loops when no self-loop rule applies
+NO_LOOPS = -1
+
+
+class EdgeRef(NamedTuple):
+    """A layer call's edges while tracing: messages flow edge_index[0] -> edge_index[1] (reversed: row 1 -> row 0),
+    num_src_nodes sources, num_dst_nodes targets; loops >= 0: every self-loop dropped and (i, i) added for
+    i < loops (PyG's add_self_loops of GAT, GATv2 and AGNN)."""
+
+    edge_index: Tensor
+    num_src_nodes: int
+    num_dst_nodes: int
+    reverse: bool = False
+    loops: int = NO_LOOPS
+
+    @property
+    def device(self) -> torch.device:
+        return self.edge_index.device
+
+    def args(self) -> tuple:
+        return self.edge_index, self.num_src_nodes, self.num_dst_nodes, self.reverse, self.loops
 
 
 class EdgeIndexError(GnnioError, IndexError, RuntimeError):

@@ -20,7 +20,8 @@ from gnnio_cli.nn.adjacency import (
     is_edge_index_class,
     plain_edges,
 )
-from gnnio_cli.nn.graph_ops import EdgeRef, tracing
+from gnnio_cli.nn.adjacency import EdgeRef
+from gnnio_cli.nn.graph_ops import tracing
 from gnnio_cli.nn import graph_ops
 from gnnio_cli.nn.message_passing import (
     NATIVE_REDUCTIONS,

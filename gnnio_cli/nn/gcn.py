@@ -13,7 +13,8 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import appended_self_loops
 from gnnio_cli.nn.adjacency import Adjacency
 from gnnio_cli.nn import graph_ops
-from gnnio_cli.nn.graph_ops import EdgeRef, tracing
+from gnnio_cli.nn.adjacency import EdgeRef
+from gnnio_cli.nn.graph_ops import tracing
 from gnnio_cli.nn.base import ConvBase, nodes_back, nodes_first, static_sparse_reason
 from gnnio_cli.nn.linear import Linear, add_bias, zeros_
 from gnnio_cli.nn.message_passing import Edges

@@ -29,19 +29,20 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from gnnio_cli.graph import Graph
+from gnnio_cli.graph.loops import replaced_self_loops
+from gnnio_cli.nn.adjacency import NO_LOOPS, EdgeRef, as_adjacency
 from gnnio_cli.ops import attention, attention_native, dispatch, reduce_native, spmm_native
 from gnnio_cli.ops.reduce import extremum_winners
 from gnnio_cli.ops.spmm import gcn_norm, gcn_propagate, spmm
 from gnnio_cli.ops.segment import accumulation_dtype, eid_to_slot, mean_weights, sparse_matmul
 
 GAT, GATV2, DOT, COSINE = attention_native.GAT, attention_native.GATV2, attention_native.DOT, attention_native.COSINE
-NO_LOOPS = -1
 
 
 def tracing() -> bool:
@@ -49,30 +50,8 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
-class EdgeRef(NamedTuple):
-    """A layer call's edges while tracing: messages flow edge_index[0] -> edge_index[1] (reversed: row 1 -> row 0),
-    num_src_nodes sources, num_dst_nodes targets; loops >= 0: every self-loop dropped and (i, i) added for
-    i < loops (PyG's add_self_loops of GAT, GATv2 and AGNN)."""
-
-    edge_index: Tensor
-    num_src_nodes: int
-    num_dst_nodes: int
-    reverse: bool = False
-    loops: int = NO_LOOPS
-
-    @property
-    def device(self) -> torch.device:
-        return self.edge_index.device
-
-    def args(self) -> tuple:
-        return self.edge_index, self.num_src_nodes, self.num_dst_nodes, self.reverse, self.loops
-
-
 def _graph(edge_index: Tensor, num_src: int, num_dst: int, reverse: bool, loops: int, device) -> Graph:
     """The cached Graph of these edges on `device` (see gnnio_cli.nn.adjacency), with PyG's loops if asked."""
-    from gnnio_cli.graph.loops import replaced_self_loops
-    from gnnio_cli.nn.adjacency import as_adjacency
-
     graph = as_adjacency(edge_index, num_src, num_dst, device, reverse=reverse).graph
     return graph if loops == NO_LOOPS else replaced_self_loops(graph, loops).graph
 
