@@ -127,6 +127,11 @@ class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv")
             residual=skip.view(-1, heads, channels) if fused_skip else None,
         )
         out, alpha = result if wants_attention else (result, None)
+        if out.is_cuda and out.dtype != torch.float32 and torch.is_autocast_enabled("cuda"):
+            # CUDA autocast runs the softmax's exp in fp32, so PyG's weighted messages, its output and its
+            # attention weights come out in fp32 (the op accumulates in fp32 and stores the features' dtype)
+            out = out.float()
+            alpha = None if alpha is None else alpha.float()
         out = out.reshape(-1, heads * channels) if self.concat else out.mean(dim=1)
         if skip is not None and not fused_skip:
             if self.lin_beta is not None:
