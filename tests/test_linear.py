@@ -11,6 +11,15 @@ from gnnio_cli.ops import dispatch
 from testing import DEVICES
 
 
+@pytest.fixture(autouse=True)
+def fused_dense_path(monkeypatch):
+    """These tests check gnnio's fused autograd functions: every input takes them, however small
+    (a test of the small inputs' plain path below sets its own limit)."""
+    from gnnio_cli.nn import linear as linear_module
+
+    monkeypatch.setattr(linear_module, "HOST_BOUND_ELEMENTS", -1)
+
+
 @pytest.mark.parametrize("shape", [(7, 5), (2, 4, 5), (0, 5)], ids=["2d", "3d", "empty"])
 def test_affine_and_bias_add_pass_gradcheck(shape):
     """fp64 gradcheck and gradgradcheck of x @ W.T + b and x + b, with [*, F] inputs of 2 and 3 dims."""
@@ -109,6 +118,7 @@ def test_fused_gat_projection_equals_the_plain_one(device, vectors, monkeypatch)
     plain one (F.linear, then (h * v).sum(-1), taken below) give the same h, scores and gradients; fp64 gradcheck
     of the fused function."""
     from gnnio_cli.nn import gat
+    from gnnio_cli.nn import linear as linear_module
 
     generator = torch.Generator().manual_seed(11)
 
@@ -122,10 +132,12 @@ def test_fused_gat_projection_equals_the_plain_one(device, vectors, monkeypatch)
     with torch.no_grad():
         linear.weight.copy_(weight)
     results = {}
-    for name, limit in (("plain", 1 << 30), ("fused", 0)):
-        monkeypatch.setattr(gat, "HOST_BOUND_ELEMENTS", limit)
+    grads = None
+    for name, limit in (("plain", 1 << 30), ("fused", -1)):
+        monkeypatch.setattr(linear_module, "HOST_BOUND_ELEMENTS", limit)
         outputs = gat.project_with_scores(x, linear, heads, *atts)
-        grads = [torch.randn(o.shape, generator=generator).to(device) for o in outputs] if name == "plain" else grads
+        if grads is None:
+            grads = [torch.randn(o.shape, generator=generator).to(device) for o in outputs]
         results[name] = (outputs, torch.autograd.grad(outputs, [x, linear.weight, *atts], grads))
     for got, want in zip([*results["fused"][0], *results["fused"][1]], [*results["plain"][0], *results["plain"][1]]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
@@ -133,3 +145,17 @@ def test_fused_gat_projection_equals_the_plain_one(device, vectors, monkeypatch)
         x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
         atts64 = [att.detach().double().requires_grad_() for att in atts]
         assert torch.autograd.gradcheck(lambda *a: gat._ProjectWithScores.apply(*a), (x64, w64, *atts64))
+
+
+def test_small_inputs_take_plain_torch(monkeypatch):
+    """At most HOST_BOUND_ELEMENTS elements: torch's own F.linear and bias add (the host sets the pace); above,
+    gnnio's functions."""
+    from gnnio_cli.nn import linear as linear_module
+
+    monkeypatch.setattr(linear_module, "HOST_BOUND_ELEMENTS", 40)
+    layer = Linear(4, 3)
+    small, large = torch.randn(10, 4, requires_grad=True), torch.randn(11, 4, requires_grad=True)
+    assert layer(small).grad_fn.name() == "AddmmBackward0"
+    assert add_bias(small, torch.zeros(4, requires_grad=True)).grad_fn.name() == "AddBackward0"
+    assert layer(large).grad_fn.name() != "AddmmBackward0"
+    assert add_bias(large, torch.zeros(4, requires_grad=True)).grad_fn.name() == "_BiasAddBackward"

@@ -22,6 +22,16 @@ from testing import DEVICES, random_graph
 
 pyg_nn = pytest.importorskip("torch_geometric.nn")
 
+
+@pytest.fixture(autouse=True, params=["plain-dense", "fused-dense"])
+def dense_path(request, monkeypatch):
+    """Every test twice: the small inputs' plain torch projections and gnnio's fused ones (which larger inputs
+    take; see nn.linear.HOST_BOUND_ELEMENTS)."""
+    from gnnio_cli.nn import linear as linear_module
+
+    if request.param == "fused-dense":
+        monkeypatch.setattr(linear_module, "HOST_BOUND_ELEMENTS", -1)
+
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 NUM_NODES, NUM_EDGES, IN_CHANNELS, OUT_CHANNELS, EDGE_DIM = 14, 40, 6, 5, 3
 

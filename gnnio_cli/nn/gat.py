@@ -24,6 +24,7 @@ from gnnio_cli.nn.linear import (
     Linear,
     add_bias,
     glorot_,
+    host_bound,
     plain_projection,
     plain_projection_by,
     project_shared,
@@ -160,13 +161,6 @@ def _packed_rows(grad_h: Tensor, grad_scores: tuple[Tensor, ...]) -> Optional[Te
     return grad_h.as_strided((rows, stride), (stride, 1))
 
 
-# Inputs of at most this many elements (rows x width; a mini-batch's 20,000 x 128) project as PyG does:
-# F.linear, then (h * v).sum(-1) per vector. Such a training step waits on the host, not the GPU, and
-# _ProjectWithScores' host work (its score weight and backward's GEMM plan) costs a 2-layer GAT step more
-# (H200, 1024 seeds at 15,10 on rmat20: 4.23 against 3.37 ms) than the second read of h it saves.
-HOST_BOUND_ELEMENTS = 1 << 22
-
-
 def project_with_scores(x: Tensor, linear: Linear, heads: int, *vectors: Tensor) -> tuple[Tensor, ...]:
     """h = linear(x) as [N, H, C] and GAT's score terms (h * v).sum(-1) for each attention vector v
     (_ProjectWithScores; under autocast or with a lazy weight, as PyG: linear(x), then the dots of h)."""
@@ -174,10 +168,9 @@ def project_with_scores(x: Tensor, linear: Linear, heads: int, *vectors: Tensor)
     if plain_projection_by(x, [weight]):
         h = linear(x)
         h = h.view(*h.shape[:-1], heads, h.shape[-1] // heads)
+        if host_bound(x) and not torch.is_autocast_enabled(x.device.type):  # two small ops per vector, as PyG
+            return (h, *((h * vector).sum(-1) for vector in vectors))
         return (h, *head_dots(h, *vectors))
-    if x.numel() <= HOST_BOUND_ELEMENTS:
-        h = F.linear(x, weight).view(-1, heads, weight.shape[0] // heads)
-        return (h, *((h * vector).sum(-1) for vector in vectors))
     h, *scores = _ProjectWithScores.apply(x, weight, *vectors)
     return (h.view(-1, heads, linear.out_channels // heads), *scores)
 
