@@ -83,3 +83,33 @@ def check_minibatch(batch_size, fanout) -> bool:
     if (batch_size is None) != (fanout is None):
         raise click.UsageError("mini-batch mode needs both --batch-size and --fanout")
     return batch_size is not None
+
+
+def distributed_options(fn):
+    """Distributed mode of `run`: the graph's rows split across ranks (see gnnio_cli.bench.distributed)."""
+    for decorator in reversed(
+        [
+            click.option("--gpus", "--ranks", "ranks", type=click.IntRange(1), default=None,
+                         help="Distributed mode: ranks to spawn, one GPU each (CPU processes on gloo with "
+                              "--device cpu); needs --graph G.h5."),
+            click.option("--order", default="none", show_default=True,
+                         help="Distributed mode: node order of the partition (none, rcm, rabbit, ...)."),
+            click.option("--baseline/--no-baseline", default=True, show_default=True,
+                         help="Distributed mode: also time the model on the whole graph on one device."),
+            click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1),
+                         help="Distributed mode: seconds a collective may wait for the other ranks."),
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+def check_distributed(ranks, graph) -> bool:
+    """Whether the options (or torchrun's environment) ask for distributed mode, which needs a graph file."""
+    from gnnio_cli.distributed.launch import under_torchrun
+
+    if ranks is None and not under_torchrun():
+        return False
+    if graph is None or not graph.endswith(".h5"):
+        raise click.UsageError("--gpus needs --graph G.h5: a gnnio graph file, which stores the partition")
+    return True

@@ -18,8 +18,9 @@ as for any collective (a model that runs the same layers on every rank does).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -84,29 +85,32 @@ class ExchangeLog:
             self.seconds += start.elapsed_time(end) / 1e3
         self._pending.clear()
 
+    @contextmanager
+    def timed(self, on_gpu: bool, bytes_sent: int, bytes_received: int) -> Iterator[None]:
+        """Count one collective of these sizes, and its time (CUDA events on the current stream on a GPU)."""
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._pending.append((start, end))
+        else:
+            started = time.perf_counter()
+            yield
+            self.seconds += time.perf_counter() - started
+        self.calls += 1
+        self.bytes_sent += bytes_sent
+        self.bytes_received += bytes_received
+
 
 def _all_to_all(rows: Tensor, output_rows: int, output_splits, input_splits, group, log: Optional[ExchangeLog]) -> Tensor:
     """all_to_all_single of the rows of `rows` [sum(input_splits), *] -> [output_rows, *]."""
     rows = rows.contiguous()
     out = rows.new_empty((output_rows, *rows.shape[1:]))
-    on_gpu = rows.is_cuda
-    if log is not None:
-        if on_gpu:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            started = time.perf_counter()
-    dist.all_to_all_single(out, rows, output_split_sizes=list(output_splits), input_split_sizes=list(input_splits),
-                           group=group)
-    if log is not None:
-        if on_gpu:
-            end.record()
-            log._pending.append((start, end))
-        else:
-            log.seconds += time.perf_counter() - started
-        log.calls += 1
-        log.bytes_sent += rows.numel() * rows.element_size()
-        log.bytes_received += out.numel() * out.element_size()
+    with log.timed(rows.is_cuda, rows.numel() * rows.element_size(), out.numel() * out.element_size()) \
+            if log is not None else nullcontext():
+        dist.all_to_all_single(out, rows, output_split_sizes=list(output_splits), input_split_sizes=list(input_splits),
+                               group=group)
     return out
 
 
