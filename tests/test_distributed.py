@@ -61,22 +61,26 @@ def _call(layer, name: str, x, edges, edge_attr, edge_weight):
     return layer(x, edges)
 
 
-def check_layers(rank: int, world_size: int, order: str, row_starts) -> dict:
-    """Worker: {case: None or what differs} for every layer case on this rank."""
+def check_layers(rank: int, world_size: int, order: str, row_starts, device: str = "cpu") -> dict:
+    """Worker: {case: None or what differs} for every layer case on this rank (on its GPU with device="cuda")."""
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
     graph = _graph(seed=7)
     generator = torch.Generator().manual_seed(11)
-    x = torch.randn(NUM_NODES, FEATURES, generator=generator)
-    weights = torch.rand(graph.num_edges, generator=generator) + 0.5
-    edge_attr = torch.randn(graph.num_edges, EDGE_DIM, generator=generator)
-    grad_out = torch.randn(NUM_NODES, FEATURES, generator=generator)
+    x, weights, edge_attr, grad_out = (tensor.to(device) for tensor in (
+        torch.randn(NUM_NODES, FEATURES, generator=generator),
+        torch.rand(graph.num_edges, generator=generator) + 0.5,
+        torch.randn(graph.num_edges, EDGE_DIM, generator=generator),
+        torch.randn(NUM_NODES, FEATURES, generator=generator)))
     partition = partition_graph(graph, world_size, order=order,
                                 row_starts=None if row_starts is None else np.asarray(row_starts))
-    dgraph = DistributedGraph.from_partition(partition)
-    own = dgraph.own_nodes
+    dgraph = DistributedGraph.from_partition(partition, device=device)
+    own, edge_ids = dgraph.own_nodes.to(device), dgraph.edge_ids.to(device)
+    graph = graph.to(device)
     failures = {}
     for name, make in CASES.items():
         torch.manual_seed(3)
-        whole = make()
+        whole = make().to(device)
         part = copy.deepcopy(whole)
         x_whole = x.clone().requires_grad_()
         w_whole = weights.clone().requires_grad_()
@@ -84,15 +88,15 @@ def check_layers(rank: int, world_size: int, order: str, row_starts) -> dict:
         (out_whole * grad_out[:, : out_whole.shape[1]]).sum().backward()
 
         x_own = x[own].clone().requires_grad_()
-        w_own = weights[dgraph.edge_ids].clone().requires_grad_()
-        out = _call(part, name, x_own, dgraph, edge_attr[dgraph.edge_ids], w_own)
+        w_own = weights[edge_ids].clone().requires_grad_()
+        out = _call(part, name, x_own, dgraph, edge_attr[edge_ids], w_own)
         (out * grad_out[own, : out.shape[1]]).sum().backward()
         problems = []
         for label, actual, expected in (("output", out, out_whole[own]), ("x gradient", x_own.grad, x_whole.grad[own])):
             if not torch.allclose(actual, expected, **TOLERANCE):
                 problems.append(f"{label} differs by {(actual - expected).abs().max().item():.3g}")
         if name == "gcn-weighted":
-            gathered = torch.zeros_like(weights).index_add_(0, dgraph.edge_ids, w_own.grad)
+            gathered = torch.zeros_like(weights).index_add_(0, edge_ids, w_own.grad)
             dist.all_reduce(gathered)
             if not torch.allclose(gathered, w_whole.grad, **TOLERANCE):
                 problems.append("edge weight gradient differs")
@@ -105,7 +109,10 @@ def check_layers(rank: int, world_size: int, order: str, row_starts) -> dict:
     return {"failures": failures, "own": dgraph.num_own, "halo": dgraph.num_halo, "edges": dgraph.graph.num_edges}
 
 
-@pytest.fixture(scope="module", params=[(2, "rcm", None), (3, "none", (0, EDGELESS_FROM, EDGELESS_FROM, NUM_NODES))],
+THREE_RANKS = (0, EDGELESS_FROM, EDGELESS_FROM, NUM_NODES)
+
+
+@pytest.fixture(scope="module", params=[(2, "rcm", None), (3, "none", THREE_RANKS)],
                 ids=["2-ranks-rcm", "3-ranks-empty-and-edgeless-parts"])
 def rank_results(request):
     world_size, order, row_starts = request.param
@@ -141,3 +148,15 @@ def failing_rank(rank: int, world_size: int) -> None:
 def test_a_failing_rank_stops_the_run_with_one_line():
     with pytest.raises(GnnioError, match=r"^rank 1 failed: features.h5: no such file$"):
         spawn(failing_rank, 2, timeout=20, deadline=60)
+
+
+@pytest.mark.parametrize("world_size, row_starts", [(2, None), (4, (0, 20, EDGELESS_FROM, EDGELESS_FROM, NUM_NODES))],
+                         ids=["2-gpus", "4-gpus-empty-and-edgeless-parts"])
+def test_nccl_layers_equal_single_gpu(world_size, row_starts):
+    """The same checks with NCCL, one GPU per rank (the native kernels on each rank's part)."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} CUDA GPUs")
+    results = spawn(check_layers, world_size, ("none", row_starts, "cuda"), device="cuda", timeout=120, deadline=300)
+    for rank, result in enumerate(results):
+        failed = {case: problem for case, problem in result["failures"].items() if problem}
+        assert not failed, f"rank {rank} of {world_size}: {failed}"

@@ -129,7 +129,10 @@ def balanced_row_starts(indptr: np.ndarray, parts: int) -> np.ndarray:
     num_rows = indptr.size - 1
     weight = indptr.astype(np.int64) + np.arange(num_rows + 1, dtype=np.int64)  # cumulative edges + rows
     goals = np.arange(parts + 1, dtype=np.float64) * (weight[-1] / parts)
-    starts = np.searchsorted(weight, goals, side="left").astype(np.int64)
+    above = np.minimum(np.searchsorted(weight, goals, side="left"), num_rows)
+    below = np.maximum(above - 1, 0)
+    # the cut nearest each goal, so a heavy row joins the block it unbalances least
+    starts = np.where(goals - weight[below] < weight[above] - goals, below, above).astype(np.int64)
     starts[0], starts[-1] = 0, num_rows
     return np.maximum.accumulate(np.minimum(starts, num_rows))
 
