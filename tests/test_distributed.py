@@ -21,6 +21,7 @@ from gnnio_cli.distributed import DistributedGraph, partition_graph
 from gnnio_cli.distributed.launch import spawn
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+from rank_faults import dying_rank, failing_rank
 
 NUM_NODES, FEATURES, HEADS, EDGE_DIM = 60, 8, 2, 3
 # rows 50.. have no in-edges: with 3 ranks cut at [0, 50, 50, 60], rank 1 owns nothing and rank 2 no edges
@@ -138,16 +139,14 @@ def test_three_ranks_cover_an_empty_part_and_an_edgeless_part(rank_results):
     assert results[1]["own"] == 0 and results[2]["own"] > 0 and results[2]["edges"] == 0
 
 
-def failing_rank(rank: int, world_size: int) -> None:
-    """Worker: rank 1 fails before the collective its peers wait in."""
-    if rank == 1:
-        raise GnnioError("features.h5: no such file")
-    dist.barrier()
-
-
 def test_a_failing_rank_stops_the_run_with_one_line():
     with pytest.raises(GnnioError, match=r"^rank 1 failed: features.h5: no such file$"):
         spawn(failing_rank, 2, timeout=20, deadline=60)
+
+
+def test_a_rank_that_dies_stops_the_run_with_one_line():
+    with pytest.raises(GnnioError, match=r"^rank 0 failed: its process exited with status 3 without a result$"):
+        spawn(dying_rank, 2, timeout=20, deadline=60)
 
 
 @pytest.mark.parametrize("world_size, row_starts", [(2, None), (4, (0, 20, EDGELESS_FROM, EDGELESS_FROM, NUM_NODES))],

@@ -107,7 +107,7 @@ def spawn(worker: Callable, world_size: int, args: tuple = (), *, device: str = 
             try:
                 rank, status, value, when = results.get(timeout=0.2)
             except queue.Empty:
-                failures.extend(_silent_deaths(processes, outcomes))
+                failures.extend(_silent_deaths(processes, outcomes, failures))
                 if ends is not None and time.monotonic() > ends:
                     raise GnnioError(f"the ranks did not finish within {deadline:g} s; stopped them") from None
                 continue
@@ -117,6 +117,7 @@ def spawn(worker: Callable, world_size: int, args: tuple = (), *, device: str = 
                 failures.append((when, rank, value))
         if failures:
             failures.extend(_more_failures(results, GRACE_SECONDS))
+            failures.extend(_silent_deaths(processes, outcomes, failures))
             _, rank, cause = min(failures)
             raise GnnioError(f"rank {rank} failed: {cause}")
     finally:
@@ -130,11 +131,13 @@ def spawn(worker: Callable, world_size: int, args: tuple = (), *, device: str = 
     return [outcomes[rank] for rank in range(world_size)]
 
 
-def _silent_deaths(processes, outcomes: dict) -> list[tuple[float, int, str]]:
-    """Ranks whose process ended without posting a result (killed, crashed), as failures."""
-    return [(time.time(), rank, f"its process exited with status {process.exitcode} without a result")
+def _silent_deaths(processes, outcomes: dict, failures: list) -> list[tuple[float, int, str]]:
+    """Ranks whose process ended without posting a result (killed, crashed) and not yet listed, as failures
+    timed 0: a rank that crashed is the cause of its peers' broken collectives, which they post."""
+    listed = {rank for _, rank, _ in failures}
+    return [(0.0, rank, f"its process exited with status {process.exitcode} without a result")
             for rank, process in enumerate(processes)
-            if rank not in outcomes and process.exitcode is not None and process.exitcode != 0]
+            if rank not in outcomes and rank not in listed and process.exitcode not in (None, 0)]
 
 
 def _more_failures(results, seconds: float) -> list[tuple[float, int, str]]:
