@@ -104,28 +104,6 @@ def test_partition_cli_json(tmp_path, capsys, monkeypatch):
     assert json.loads(out)["action"] == "reused"
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["partition", "{dir}/absent.h5", "--parts", "2"], "absent.h5: no such file"),
-    (["partition", "{dir}/g.h5", "--parts", "0"], "--parts must be at least 1, got 0"),
-    (["partition", "{dir}/g.h5", "--parts", "2", "--order", "bogus"], "--order: unknown order 'bogus'"),
-    (["partition", "{dir}/foreign.h5", "--parts", "2"], "not a gnnio graph"),
-    (["partition", "{dir}/text.h5", "--parts", "2"], "text.h5"),
-    (["run", "--layer", "gat", "--gpus", "2", "--device", "cpu"], "--gpus needs --graph G.h5"),
-    (["run", "--layer", "gat", "--graph", "{dir}/absent.h5", "--gpus", "2", "--device", "cpu"], "absent.h5: no such file"),
-    (["run", "--layer", "gat", "--graph", "{dir}/g.h5", "--gpus", "2", "--device", "cpu", "--heads", "3"],
-     "--heads 3 does not divide --features 128"),
-], ids=["missing", "zero-parts", "unknown-order", "foreign-h5", "not-hdf5", "run-without-graph", "run-missing",
-        "run-bad-heads"])
-def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, args, fragment):
-    _stored(tmp_path)
-    with h5py.File(tmp_path / "foreign.h5", "w") as h5:
-        h5["x"] = np.arange(3)
-    (tmp_path / "text.h5").write_text("not hdf5\n")
-    status, out, err = run_gnnio([arg.format(dir=tmp_path) for arg in args], capsys, monkeypatch)
-    assert status != 0 and out == ""
-    assert fragment in err and len(err.strip().splitlines()) == 1, err
-
-
 def test_run_on_gloo_ranks_reports_ranks_and_scaling(tmp_path, capsys, monkeypatch):
     path = _stored(tmp_path)
     status, out, err = run_gnnio(["run", "--layer", "gatv2", "--graph", path, "--gpus", "2", "--device", "cpu",
@@ -151,3 +129,18 @@ def test_run_ranks_joins_a_torchrun_group(monkeypatch):
         monkeypatch.setenv(name, value)
     assert run_ranks(_rank_and_size, 5, device="cpu", timeout=30) == [(0, 1)]
     assert not torch.distributed.is_initialized()
+
+
+def test_run_under_torchrun_joins_its_group(tmp_path, capsys, monkeypatch):
+    path = _stored(tmp_path)
+    for name, value in zip(TORCHRUN_VARIABLES, ("0", "1", "127.0.0.1", str(free_port()))):
+        monkeypatch.setenv(name, value)
+    status, out, err = run_gnnio(["run", "--layer", "gcn", "--graph", path, "--device", "cpu", "--features", "8",
+                                  "--repeat", "1", "--warmup", "0", "--no-baseline", "--json"], capsys, monkeypatch)
+    assert status == 0, err
+    document = json.loads(out)
+    assert document["environment"]["torchrun"] and len(document["ranks"]) == 1 and document["baseline"] is None
+    assert document["ranks"][0]["halo_nodes"] == 0 and document["ranks"][0]["nodes"] == 200
+    status, _, err = run_gnnio(["run", "--layer", "gcn", "--graph", path, "--device", "cpu", "--gpus", "2"],
+                               capsys, monkeypatch)
+    assert status == 2 and "--gpus 2: torchrun started 1 ranks" in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import click
 
 from gnnio_cli.bench.workloads import DTYPES, LAYERS
@@ -104,12 +106,20 @@ def distributed_options(fn):
     return fn
 
 
-def check_distributed(ranks, graph) -> bool:
-    """Whether the options (or torchrun's environment) ask for distributed mode, which needs a graph file."""
+def distributed_ranks(ranks, graph) -> Optional[int]:
+    """The ranks distributed mode runs on (--gpus, or torchrun's world size), None when not asked for;
+    it needs a graph file."""
+    import os
+
     from gnnio_cli.distributed.launch import under_torchrun
 
-    if ranks is None and not under_torchrun():
-        return False
+    if under_torchrun():
+        world_size = int(os.environ["WORLD_SIZE"])
+        if ranks is not None and ranks != world_size:
+            raise click.UsageError(f"--gpus {ranks}: torchrun started {world_size} ranks")
+        ranks = world_size
+    if ranks is None:
+        return None
     if graph is None or not graph.endswith(".h5"):
         raise click.UsageError("--gpus needs --graph G.h5: a gnnio graph file, which stores the partition")
-    return True
+    return ranks

@@ -51,7 +51,8 @@ def command(layer, graph, features, heads, dtype, device, backend, aggregation_o
                        rounds, seed, as_json)
         return
 
-    if options.check_distributed(ranks, graph):
+    ranks = options.distributed_ranks(ranks, graph)
+    if ranks is not None:
         show_distributed(layer, graph, features, heads, dtype, report.default_device(device), order, warmup, repeat,
                          seed, ranks, baseline, timeout, as_json)
         return

@@ -247,7 +247,11 @@ def stored_partition_state(path, parts: int, order: str) -> str:
         group = h5.get(_group_name(parts))
         if group is None:
             return "missing"
-        same = group.attrs.get("order") == order and group.attrs.get("graph_sha256") == _file_structure_digest(h5)
+        try:
+            digest = _file_structure_digest(h5)
+        except (KeyError, ValueError, TypeError):  # a damaged graph: rebuilding reads it, and says what is wrong
+            return "stale"
+        same = group.attrs.get("order") == order and group.attrs.get("graph_sha256") == digest
     return "fresh" if same else "stale"
 
 
