@@ -195,7 +195,10 @@ def run_distributed(settings: RunSettings, ranks: int, *, baseline: bool, timeou
     from gnnio_cli.errors import GnnioError
     from gnnio_cli.graph.store import load, read_attrs
 
-    settings.layer_settings("cpu")  # one-line errors for the layer, width and heads before any rank starts
+    from gnnio_cli.distributed.partition import check_options
+
+    settings.layer_settings("cpu")  # one-line errors for the layer, width, heads and order before any rank starts
+    check_options(ranks, settings.order)
     attrs = read_attrs(settings.graph)
     device = workloads.check_device(settings.device)
     if device.type == "cuda" and not under_torchrun() and ranks > torch.cuda.device_count():

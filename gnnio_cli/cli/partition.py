@@ -33,13 +33,8 @@ def command(graph_path, parts, order, seed, features, dtype, force, as_json):
     and sends when a layer exchanges a [nodes, --features] tensor (backward
     moves as much again).
     """
-    from gnnio_cli.distributed.partition import ORDERS, ensure_partition, summarize
-    from gnnio_cli.errors import GnnioError
+    from gnnio_cli.distributed.partition import ensure_partition, summarize
 
-    if parts < 1:
-        raise GnnioError(f"--parts must be at least 1, got {parts}")
-    if order not in ORDERS:
-        raise GnnioError(f"--order: unknown order {order!r}; choose one of {', '.join(ORDERS)}")
     with DelayedProgress((f"partitioning {graph_path}",)):
         partition, action = ensure_partition(graph_path, parts, order=order, seed=seed, rebuild=force)
     rows = summarize(partition, features, DTYPES[dtype].itemsize)

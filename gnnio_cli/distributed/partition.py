@@ -124,6 +124,14 @@ def structure_digest(indptr: np.ndarray, indices: np.ndarray, eid: np.ndarray) -
     return digest.hexdigest()
 
 
+def check_options(parts: int, order: str) -> None:
+    """One-line errors for a part count below 1 and an unknown order."""
+    if parts < 1:
+        raise GnnioError(f"--parts must be at least 1, got {parts}")
+    if order not in ORDERS:
+        raise GnnioError(f"--order: unknown order {order!r}; choose one of {', '.join(ORDERS)}")
+
+
 def balanced_row_starts(indptr: np.ndarray, parts: int) -> np.ndarray:
     """int64 [parts + 1]: contiguous blocks of rows with about equal (in-edges + rows) each."""
     num_rows = indptr.size - 1
@@ -146,10 +154,7 @@ def partition_graph(graph: Graph, parts: int, *, order: str = "none", seed: int 
     Deterministic: every rank computing it gets the same partition.
     """
     started = time.perf_counter()
-    if parts < 1:
-        raise GnnioError(f"--parts must be at least 1, got {parts}")
-    if order not in ORDERS:
-        raise GnnioError(f"--order: unknown order {order!r}; choose one of {', '.join(ORDERS)}")
+    check_options(parts, order)
     graph = graph.to("cpu")
     if graph.is_bipartite:
         raise GnnioError("partition: needs a graph with as many sources as targets, got a bipartite graph")
@@ -263,10 +268,7 @@ def ensure_partition(path, parts: int, *, order: str = "none", seed: int = 0, re
     replaced)). `rebuild` builds even when a fresh one is stored.
     """
     path = Path(path)
-    if parts < 1:
-        raise GnnioError(f"--parts must be at least 1, got {parts}")
-    if order not in ORDERS:
-        raise GnnioError(f"--order: unknown order {order!r}; choose one of {', '.join(ORDERS)}")
+    check_options(parts, order)
     read_attrs(path)  # one line for a missing, unreadable or foreign file
     state = stored_partition_state(path, parts, order)
     if state == "fresh" and not rebuild:
