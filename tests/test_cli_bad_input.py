@@ -272,6 +272,8 @@ CASES = [
     case("run-gpus-graph-missing", "run --layer gat --graph {inp}/absent.h5 --gpus 2 --device cpu", 1, "absent.h5: no such file"),
     case("run-gpus-bad-order", "run --layer gat --graph {inp}/good.h5 --gpus 2 --device cpu --order metis", 1,
          "--order: unknown order 'metis'"),
+    case("run-gpus-profile", "run --layer gat --graph {inp}/good.h5 --gpus 2 --device cpu --profile", 2,
+         "--profile does not apply"),
     case("run-gpus-zero", "run --layer gat --graph {inp}/good.h5 --gpus 0 --device cpu", 2, "--gpus"),
     case("run-gpus-bad-heads", "run --layer gat --graph {inp}/good.h5 --gpus 2 --device cpu --heads 3", 1,
          "--heads 3 does not divide --features 128"),

@@ -1,10 +1,13 @@
 """`gnnio run --gpus N`: a 2-layer model's training step on a graph split across N ranks, against one rank.
 
-Each rank loads its part of the partition stored in the graph file (rank 0
-builds or refreshes it first), draws its own rows of seeded random features,
-and times full training steps: forward through both layers (each fetching
-its halo rows), backward (returning the halo gradients to their owners), one
-all-reduce of the parameter gradients, an SGD update. It reports its step
+Each rank loads its part of the partition stored in the graph file (built or
+refreshed first by the spawning process, or under torchrun by rank 0 while
+the others wait at a barrier: partition a large graph with `gnnio partition`
+beforehand), draws its own rows of seeded random features, and times full
+training steps: forward through both layers (each fetching its halo rows),
+backward (returning the halo gradients of the second layer's input to their
+owners; input features take no gradient), one all-reduce of the parameter
+gradients, an SGD update. It reports its step
 time, the time and bytes of its halo exchanges and of the gradient
 all-reduce, and its peak memory. The one-rank baseline runs the same model on
 the whole graph on one device, without partitions; a baseline that runs out
@@ -81,10 +84,11 @@ def _device(settings: RunSettings) -> torch.device:
 
 
 def _features(rows: int, settings: RunSettings, device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x [rows, F] requiring grad, the output gradient [rows, F]) from `seed`."""
+    """(x [rows, F], the output gradient [rows, F]) from `seed`. x takes no gradient, as input features in
+    training: the first layer's halo exchange has no backward."""
     generator = torch.Generator().manual_seed(seed)
     dtype = workloads.DTYPES[settings.dtype]
-    x = torch.randn(rows, settings.features, generator=generator).to(device=device, dtype=dtype).requires_grad_()
+    x = torch.randn(rows, settings.features, generator=generator).to(device=device, dtype=dtype)
     grad = torch.randn(rows, settings.features, generator=generator).to(device=device, dtype=dtype)
     return x, grad
 
@@ -96,7 +100,6 @@ def _training_step(model: Stack, x, edges, grad_out, reduce_log: Optional[Exchan
     def step():
         for parameter in parameters:
             parameter.grad = None
-        x.grad = None
         model(x, edges).backward(grad_out)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
         if reduce_log is not None:
@@ -119,10 +122,12 @@ def _peak_mib(device) -> Optional[float]:
 def rank_step(rank: int, world_size: int, settings: RunSettings) -> dict:
     """Worker of one rank (see the module docstring): its numbers as a plain dict."""
     from gnnio_cli.distributed import DistributedGraph, ensure_partition
+    from gnnio_cli.distributed.launch import under_torchrun
 
-    if rank == 0:
-        ensure_partition(settings.graph, world_size, order=settings.order, seed=settings.seed)
-    dist.barrier()
+    if under_torchrun():  # (spawned ranks find the partition their parent made)
+        if rank == 0:
+            ensure_partition(settings.graph, world_size, order=settings.order, seed=settings.seed)
+        dist.barrier()
     device = _device(settings)
     dgraph = DistributedGraph.load(settings.graph, device=device)
     model = _model(settings, device)
@@ -191,6 +196,7 @@ def run_distributed(settings: RunSettings, ranks: int, *, baseline: bool, timeou
     """Spawn `ranks` ranks (or join torchrun's group) and measure; the report on the spawning process or
     torchrun's rank 0, None on torchrun's other ranks. A failing rank raises GnnioError naming it."""
     from gnnio_cli.bench.report import environment
+    from gnnio_cli.distributed import ensure_partition
     from gnnio_cli.distributed.launch import run_ranks, under_torchrun
     from gnnio_cli.errors import GnnioError
     from gnnio_cli.graph.store import load, read_attrs
@@ -203,6 +209,8 @@ def run_distributed(settings: RunSettings, ranks: int, *, baseline: bool, timeou
     device = workloads.check_device(settings.device)
     if device.type == "cuda" and not under_torchrun() and ranks > torch.cuda.device_count():
         raise GnnioError(f"--gpus {ranks}: only {torch.cuda.device_count()} GPUs are visible")
+    if not under_torchrun():  # made here, so no rank waits on a collective while rank 0 partitions a large graph
+        ensure_partition(settings.graph, ranks, order=settings.order, seed=settings.seed)
     results = run_ranks(rank_step, ranks, (settings,), device=settings.device, timeout=timeout)
     if results is None:
         return None

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, stdout, table
 from gnnio_cli.bench.workloads import DTYPES
+from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, stdout, table
 
 PART_COLUMNS = ["rank", "nodes", "edges", "edges / mean", "halo nodes", "rows sent", "bytes received", "bytes sent"]
 

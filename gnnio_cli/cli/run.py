@@ -46,15 +46,20 @@ def command(layer, graph, features, heads, dtype, device, backend, aggregation_o
     """
     from gnnio_cli.bench import report
 
+    ranks = options.distributed_ranks(ranks, graph)
+    if ranks is not None:
+        unused = [name for name, given in (("--batch-size", batch_size is not None), ("--backend", backend != "auto"),
+                                           ("--aggregation-only", aggregation_only), ("--profile", profile),
+                                           ("--no-backward", not backward)) if given]
+        if unused:
+            raise click.UsageError(f"--gpus trains a 2-layer model on the whole graph; {', '.join(unused)} does not apply")
+        show_distributed(layer, graph, features, heads, dtype, report.default_device(device), order, warmup, repeat,
+                         seed, ranks, baseline, timeout, as_json)
+        return
+
     if options.check_minibatch(batch_size, fanout):
         show_minibatch([layer], graph, fanout, batch_size, features, classes, heads, device, against, warmup, steps,
                        rounds, seed, as_json)
-        return
-
-    ranks = options.distributed_ranks(ranks, graph)
-    if ranks is not None:
-        show_distributed(layer, graph, features, heads, dtype, report.default_device(device), order, warmup, repeat,
-                         seed, ranks, baseline, timeout, as_json)
         return
 
     with DelayedProgress((f"measuring {layer}",)):

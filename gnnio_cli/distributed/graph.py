@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gnnio_cli.errors import GnnioError
 from gnnio_cli.distributed.exchange import ExchangeLog, HaloPlan, halo_rows
 from gnnio_cli.distributed.partition import Part, Partition, own_nodes, partition_graph, read_part
+from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 
 

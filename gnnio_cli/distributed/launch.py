@@ -59,6 +59,12 @@ def rank_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _bound_device(device: str, local_rank: int) -> Optional[torch.device]:
+    """The rank's GPU, made current and bound to its NCCL communicator (so barriers know it); None on the CPU."""
+    bound = rank_device(device, local_rank)
+    return bound if bound.type == "cuda" else None
+
+
 def _one_line(error: BaseException) -> str:
     text = " ".join(str(error).split()) or type(error).__name__
     return text if isinstance(error, GnnioError) else f"{type(error).__name__}: {text}"
@@ -71,9 +77,8 @@ def _rank_main(worker: Callable, rank: int, world_size: int, port: int, device: 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     try:
-        rank_device(device, rank)
         dist.init_process_group(backend_for(device), rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout))
+                                timeout=timedelta(seconds=timeout), device_id=_bound_device(device, rank))
         outcome = ("ok", worker(rank, world_size, *args))
     except BaseException as error:  # the parent reports it, in one line
         outcome = ("error", _one_line(error))
@@ -159,8 +164,8 @@ def run_ranks(worker: Callable, world_size: int, args: tuple = (), *, device: st
     if not under_torchrun():
         return spawn(worker, world_size, args, device=device, timeout=timeout, deadline=deadline)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    rank_device(device, int(os.environ.get("LOCAL_RANK", rank)))
-    dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout))
+    dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout),
+                            device_id=_bound_device(device, int(os.environ.get("LOCAL_RANK", rank))))
     try:
         try:
             result = worker(rank, size, *args)
