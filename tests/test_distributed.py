@@ -10,6 +10,7 @@ summed over ranks. With 3 ranks one part is empty and one owns no edges.
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ import gnnio_cli.nn as gnnio_nn
 from gnnio_cli.distributed import DistributedGraph, partition_graph
 from gnnio_cli.distributed.launch import spawn
 from gnnio_cli.errors import GnnioError
-from gnnio_cli.graph import Graph
+from gnnio_cli.graph import Graph, catalog
 from rank_faults import dying_rank, failing_rank
 
 NUM_NODES, FEATURES, HEADS, EDGE_DIM = 60, 8, 2, 3
@@ -62,17 +63,19 @@ def _call(layer, name: str, x, edges, edge_attr, edge_weight):
     return layer(x, edges)
 
 
-def check_layers(rank: int, world_size: int, order: str, row_starts, device: str = "cpu") -> dict:
-    """Worker: {case: None or what differs} for every layer case on this rank (on its GPU with device="cuda")."""
+def check_layers(rank: int, world_size: int, order: str, row_starts, device: str = "cpu",
+                 graph_spec: Optional[str] = None) -> dict:
+    """Worker: {case: None or what differs} for every layer case on this rank (on its GPU with device="cuda"),
+    on the test graph or on the standard graph `graph_spec` (e.g. "rmat20")."""
     if device == "cuda":
         device = f"cuda:{torch.cuda.current_device()}"
-    graph = _graph(seed=7)
+    graph = _graph(seed=7) if graph_spec is None else catalog.resolve(graph_spec).graph
     generator = torch.Generator().manual_seed(11)
     x, weights, edge_attr, grad_out = (tensor.to(device) for tensor in (
-        torch.randn(NUM_NODES, FEATURES, generator=generator),
+        torch.randn(graph.num_nodes, FEATURES, generator=generator),
         torch.rand(graph.num_edges, generator=generator) + 0.5,
         torch.randn(graph.num_edges, EDGE_DIM, generator=generator),
-        torch.randn(NUM_NODES, FEATURES, generator=generator)))
+        torch.randn(graph.num_nodes, FEATURES, generator=generator)))
     partition = partition_graph(graph, world_size, order=order,
                                 row_starts=None if row_starts is None else np.asarray(row_starts))
     dgraph = DistributedGraph.from_partition(partition, device=device)
@@ -104,8 +107,13 @@ def check_layers(rank: int, world_size: int, order: str, row_starts, device: str
         for (param_name, expected), actual in zip(whole.named_parameters(), part.parameters()):
             summed = actual.grad.clone() if actual.grad is not None else torch.zeros_like(actual)
             dist.all_reduce(summed)
-            if not torch.allclose(summed, expected.grad, **TOLERANCE):
-                problems.append(f"{param_name} gradient differs by {(summed - expected.grad).abs().max().item():.3g}")
+            # a sum over every node, added up per rank and then across ranks: a different order of the same
+            # fp32 sums, so its error scales with the gradient's size (at least 1: some, like TransformerConv's
+            # key bias, are 0 up to rounding), not with each entry's
+            scale = max(expected.grad.abs().max().item(), 1.0)
+            error = (summed - expected.grad).abs().max().item() / scale
+            if error > TOLERANCE["rtol"]:
+                problems.append(f"{param_name} gradient differs by {error:.3g} of its largest entry")
         failures[name] = "; ".join(problems) or None
     return {"failures": failures, "own": dgraph.num_own, "halo": dgraph.num_halo, "edges": dgraph.graph.num_edges}
 
@@ -113,16 +121,17 @@ def check_layers(rank: int, world_size: int, order: str, row_starts, device: str
 THREE_RANKS = (0, EDGELESS_FROM, EDGELESS_FROM, NUM_NODES)
 
 
-@pytest.fixture(scope="module", params=[(2, "rcm", None), (3, "none", THREE_RANKS)],
-                ids=["2-ranks-rcm", "3-ranks-empty-and-edgeless-parts"])
+@pytest.fixture(scope="module", params=[(2, "rcm", None, None), (3, "none", THREE_RANKS, None), (3, "rcm", None, "rmat12")],
+                ids=["2-ranks-rcm", "3-ranks-empty-and-edgeless-parts", "3-ranks-rmat12-rcm"])
 def rank_results(request):
-    world_size, order, row_starts = request.param
-    return world_size, spawn(check_layers, world_size, (order, row_starts), timeout=60, deadline=120)
+    world_size, order, row_starts, graph_spec = request.param
+    results = spawn(check_layers, world_size, (order, row_starts, "cpu", graph_spec), timeout=60, deadline=120)
+    return request.param, results
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_layer_equals_single_process(rank_results, case):
-    world_size, results = rank_results
+    (world_size, *_), results = rank_results
     for rank, result in enumerate(results):
         assert result["failures"][case] is None, f"rank {rank} of {world_size}: {result['failures'][case]}"
 
@@ -133,9 +142,9 @@ def test_ranks_with_edges_read_remote_rows(rank_results):
 
 
 def test_three_ranks_cover_an_empty_part_and_an_edgeless_part(rank_results):
-    world_size, results = rank_results
-    if world_size != 3:
-        pytest.skip("the 3-rank partition is cut by hand")
+    (_, _, row_starts, _), results = rank_results
+    if row_starts != THREE_RANKS:
+        pytest.skip("only the partition cut by hand has them")
     assert results[1]["own"] == 0 and results[2]["own"] > 0 and results[2]["edges"] == 0
 
 
@@ -149,13 +158,19 @@ def test_a_rank_that_dies_stops_the_run_with_one_line():
         spawn(dying_rank, 2, timeout=20, deadline=60)
 
 
-@pytest.mark.parametrize("world_size, row_starts", [(2, None), (4, (0, 20, EDGELESS_FROM, EDGELESS_FROM, NUM_NODES))],
-                         ids=["2-gpus", "4-gpus-empty-and-edgeless-parts"])
-def test_nccl_layers_equal_single_gpu(world_size, row_starts):
-    """The same checks with NCCL, one GPU per rank (the native kernels on each rank's part)."""
+@pytest.mark.parametrize("world_size, row_starts, graph_spec, order", [
+    (2, None, None, "none"),
+    (4, (0, 20, EDGELESS_FROM, EDGELESS_FROM, NUM_NODES), None, "none"),
+    (2, None, "rmat20", "none"),
+    (4, None, "rmat20", "rcm"),
+], ids=["2-gpus", "4-gpus-empty-and-edgeless-parts", "2-gpus-rmat20", "4-gpus-rmat20-rcm"])
+def test_nccl_layers_equal_single_gpu(world_size, row_starts, graph_spec, order):
+    """The same checks with NCCL, one GPU per rank (the native kernels on each rank's part), on the test graph
+    and on rmat20 (every rank also runs the whole graph on its GPU for the oracle)."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} CUDA GPUs")
-    results = spawn(check_layers, world_size, ("none", row_starts, "cuda"), device="cuda", timeout=120, deadline=300)
+    results = spawn(check_layers, world_size, (order, row_starts, "cuda", graph_spec), device="cuda", timeout=300,
+                    deadline=900)
     for rank, result in enumerate(results):
         failed = {case: problem for case, problem in result["failures"].items() if problem}
         assert not failed, f"rank {rank} of {world_size}: {failed}"
