@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -91,6 +93,14 @@ def test_a_partitioned_conversion_is_still_reused_by_convert(tmp_path, capsys, m
     with h5py.File(tmp_path / "e.h5", "r") as h5:
         params = json.loads(h5.attrs["params"])
     assert reusable_conversion(tmp_path / "e.h5", hashlib.sha256(edges.read_bytes()).hexdigest(), params) is not None
+
+
+def test_real_entry_point_partitions(tmp_path):
+    path = _stored(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "gnnio_cli", "partition", str(path), "--parts", "2", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["action"] == "built"
 
 
 def test_partition_cli_json(tmp_path, capsys, monkeypatch):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
@@ -10,9 +10,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gnnio_cli.distributed.exchange import ExchangeLog, HaloPlan, halo_rows
-from gnnio_cli.distributed.partition import Part, Partition, own_nodes, partition_graph, read_part
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+
+if TYPE_CHECKING:  # (the partition module loads on first use: see gnnio_cli.distributed)
+    from gnnio_cli.distributed.partition import Part, Partition
 
 
 class DistributedGraph:
@@ -71,6 +73,8 @@ class DistributedGraph:
                    row_starts: Optional[np.ndarray] = None) -> "DistributedGraph":
         """Partition `graph` (the same on every rank) into the group's size and keep this rank's part.
         Every rank computes the whole partition: for graphs that fit a host; stored ones use :meth:`load`."""
+        from gnnio_cli.distributed.partition import partition_graph
+
         world_size = dist.get_world_size(group)
         partition = partition_graph(graph, world_size, order=order, row_starts=row_starts)
         return DistributedGraph.from_partition(partition, group=group, device=device)
@@ -79,6 +83,8 @@ class DistributedGraph:
     def load(path, *, group=None, device=None) -> "DistributedGraph":
         """This rank's part of the partition stored in `path` (gnnio partition PATH --parts <group size>),
         reading only that part."""
+        from gnnio_cli.distributed.partition import own_nodes, read_part
+
         world_size = dist.get_world_size(group)
         rank = dist.get_rank(group)
         part, row_starts, order = read_part(path, world_size, rank)
