@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "run": "run",
     "compare": "compare",
     "doctor": "doctor",
+    "partition": "partition",
     "train": "train",
 }
 

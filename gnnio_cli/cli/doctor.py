@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import click
 
 from gnnio_cli.cli.output import emit_json, key_value_table, note, stdout, table
@@ -24,8 +26,9 @@ def command(build, as_json):
     if build and not as_json:
         note("building the native extension (first build takes minutes)...")
     status = native.status(build=build)
+    distributed = distributed_status()
     if as_json:
-        emit_json(status)
+        emit_json({**asdict(status), "distributed": distributed})
     else:
         stdout.print(
             key_value_table(
@@ -47,5 +50,23 @@ def command(build, as_json):
             )
         )
         stdout.print(table("Backends", ["backend", "status"], sorted(status.backends.items())))
+        stdout.print(key_value_table("Several devices (gnnio run --gpus N)", [
+            ("GPUs visible", distributed["gpus"]),
+            ("NCCL", distributed["nccl"] or "not available"),
+            ("gloo (CPU ranks)", distributed["gloo"]),
+        ]))
     if build and not status.loaded:
         raise GnnioError(status.reason or "native extension did not load")
+
+
+def distributed_status() -> dict:
+    """GPUs visible, torch's NCCL version ("2.27.3"; None without CUDA or NCCL), whether gloo is built in."""
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl = None
+    if gpus and dist.is_nccl_available():
+        version = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return {"gpus": gpus, "nccl": nccl, "gloo": dist.is_available() and dist.is_gloo_available()}

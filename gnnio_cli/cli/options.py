@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import click
 
 from gnnio_cli.bench.workloads import DTYPES, LAYERS
@@ -83,3 +85,41 @@ def check_minibatch(batch_size, fanout) -> bool:
     if (batch_size is None) != (fanout is None):
         raise click.UsageError("mini-batch mode needs both --batch-size and --fanout")
     return batch_size is not None
+
+
+def distributed_options(fn):
+    """Distributed mode of `run`: the graph's rows split across ranks (see gnnio_cli.bench.distributed)."""
+    for decorator in reversed(
+        [
+            click.option("--gpus", "--ranks", "ranks", type=click.IntRange(1), default=None,
+                         help="Distributed mode: ranks to spawn, one GPU each (CPU processes on gloo with "
+                              "--device cpu); needs --graph G.h5."),
+            click.option("--order", default="none", show_default=True,
+                         help="Distributed mode: node order of the partition (none, rcm, rabbit, ...)."),
+            click.option("--baseline/--no-baseline", default=True, show_default=True,
+                         help="Distributed mode: also time the model on the whole graph on one device."),
+            click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1),
+                         help="Distributed mode: seconds a collective may wait for the other ranks."),
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+def distributed_ranks(ranks, graph) -> Optional[int]:
+    """The ranks distributed mode runs on (--gpus, or torchrun's world size), None when not asked for;
+    it needs a graph file."""
+    import os
+
+    from gnnio_cli.distributed.launch import under_torchrun
+
+    if under_torchrun():
+        world_size = int(os.environ["WORLD_SIZE"])
+        if ranks is not None and ranks != world_size:
+            raise click.UsageError(f"--gpus {ranks}: torchrun started {world_size} ranks")
+        ranks = world_size
+    if ranks is None:
+        return None
+    if graph is None or not graph.endswith(".h5"):
+        raise click.UsageError("--gpus needs --graph G.h5: a gnnio graph file, which stores the partition")
+    return ranks

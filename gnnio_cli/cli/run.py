@@ -20,9 +20,10 @@ from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, st
               help="Also run one more step under torch.profiler and list its costliest kernels.")
 @options.minibatch_options
 @click.option("--against", default="", help="Mini-batch mode: also time PyG's layers with the same weights (pyg).")
+@options.distributed_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 def command(layer, graph, features, heads, dtype, device, backend, aggregation_only, backward, repeat, warmup, seed, profile,
-            batch_size, fanout, classes, steps, rounds, against, as_json):
+            batch_size, fanout, classes, steps, rounds, against, ranks, order, baseline, timeout, as_json):
     """Run LAYER on a graph with seeded random weights and features.
 
     Prints forward and forward+backward time (median, min, max over --repeat
@@ -34,8 +35,27 @@ def command(layer, graph, features, heads, dtype, device, backend, aggregation_o
     by gnnio's loader and prints the time per step: sampling, gnnio on each
     batch's edge_index and on the loader's graph, the compute alone, and PyG
     with --against pyg.
+
+    With --gpus N (distributed mode; --graph G.h5), splits the graph's rows
+    across N ranks (one GPU each; CPU processes on gloo with --device cpu),
+    trains a 2-layer LAYER model on the whole graph and prints each rank's
+    step time, halo exchange time and bytes, gradient all-reduce time and peak
+    memory, and the speedup over the same model on one device. Started by
+    torchrun, it joins torchrun's group instead of spawning (--gpus is then
+    torchrun's world size).
     """
     from gnnio_cli.bench import report
+
+    ranks = options.distributed_ranks(ranks, graph)
+    if ranks is not None:
+        unused = [name for name, given in (("--batch-size", batch_size is not None), ("--backend", backend != "auto"),
+                                           ("--aggregation-only", aggregation_only), ("--profile", profile),
+                                           ("--no-backward", not backward)) if given]
+        if unused:
+            raise click.UsageError(f"--gpus trains a 2-layer model on the whole graph; {', '.join(unused)} does not apply")
+        show_distributed(layer, graph, features, heads, dtype, report.default_device(device), order, warmup, repeat,
+                         seed, ranks, baseline, timeout, as_json)
+        return
 
     if options.check_minibatch(batch_size, fanout):
         show_minibatch([layer], graph, fanout, batch_size, features, classes, heads, device, against, warmup, steps,
@@ -90,3 +110,32 @@ def show_minibatch(layers, graph, fanout, batch_size, features, classes, heads, 
         ]))
         stdout.print(table("Time per training step (sampling: per batch)", minibatch.MINIBATCH_COLUMNS,
                            minibatch.minibatch_rows(document)))
+
+
+def show_distributed(layer, graph, features, heads, dtype, device, order, warmup, repeat, seed, ranks, baseline, timeout,
+                     as_json) -> None:
+    """Run and print distributed mode (see `command`)."""
+    from gnnio_cli.bench import distributed
+
+    settings = distributed.RunSettings(graph=graph, layer=layer, features=features, heads=heads, dtype=dtype,
+                                       device=device, order=order, warmup=warmup, repeat=repeat, seed=seed)
+    with DelayedProgress((f"training a {distributed.DEPTH}-layer {layer} on {ranks} ranks",), enabled=not as_json):
+        document = distributed.run_distributed(settings, ranks, baseline=baseline, timeout=timeout)
+    if document is None:  # a torchrun rank other than 0: rank 0 reports for all
+        return
+    if as_json:
+        emit_json(document)
+        return
+    total, environment = document["total"], document["environment"]
+    stdout.print(key_value_table(f"gnnio run: {distributed.DEPTH}-layer {layer} on {len(document['ranks'])} ranks", [
+        ("graph", f"{graph} ({document['graph']['num_nodes']:,} nodes, {document['graph']['num_edges']:,} edges)"),
+        ("partition order", order),
+        ("device", f"{environment['device']} ({environment['device_name']}), {environment['backend']}"),
+        ("step (ms, slowest rank's median)", total["step_ms"]),
+        ("halo bytes per step, all ranks", total["halo_bytes_per_step"]),
+        ("halo exchange per step (ms, slowest rank)", total["halo_exchange_ms_max"]),
+    ]))
+    stdout.print(table("Per rank (median of the timed steps)", distributed.RANK_COLUMNS,
+                       distributed.rank_rows(document["ranks"])))
+    stdout.print(table("Scaling against one device", distributed.SCALING_COLUMNS,
+                       distributed.scaling_rows(document["baseline"], document["ranks"])))

@@ -355,7 +355,7 @@ def file_sha256(path: os.PathLike | str, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _dataset_names(h5: h5py.File) -> list[str]:
+def dataset_names(h5: h5py.File) -> list[str]:
     names = []
     h5.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
     return sorted(names)
@@ -375,7 +375,7 @@ def reusable_conversion(path: os.PathLike | str, source_sha256: str, params: dic
             same_input = header.source_sha256 == source_sha256 and header.params == json.loads(json.dumps(params))
             if not (same_input and header.conversion and header.content_sha256) or "perm" in h5:
                 return None
-            datasets = ((name, h5[name][()]) for name in _dataset_names(h5))
+            datasets = ((name, h5[name][()]) for name in dataset_names(h5))
             if content_digest(dict(h5.attrs), datasets) != header.content_sha256:
                 return None
         return header

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from gnnio_cli.distributed.graph import DistributedGraph
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import edge_messages_graph
@@ -85,6 +86,16 @@ class ConvBase(MessagePassingBase):
         if PYG is None:
             raise needs_pyg(type(self).__name__, "torch.jit.script")
         return self
+
+    def __call__(self, *args, **kwargs):
+        # A DistributedGraph in place of the edges: this rank's rows of a row-partitioned graph, whose halo
+        # rows the layer fetches before running its ordinary call on the rank's part (gnnio_cli.distributed).
+        edges = args[1] if len(args) > 1 else kwargs.get("edge_index")
+        if type(edges) is DistributedGraph:
+            from gnnio_cli.distributed.layers import distributed_call
+
+            return distributed_call(self, *args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
     # ------------------------------------------------------------ paths
     def _ran(self, path: str) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -20,6 +20,7 @@ def gcn_norm(
     improved: bool = False,
     add_self_loops: bool = True,
     dtype: torch.dtype = torch.float32,
+    source_degree: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
 ) -> tuple[Graph, torch.Tensor]:
     """PyG 2.8 ``gcn_norm`` (flow source_to_target) on a Graph.
 
@@ -36,22 +37,26 @@ def gcn_norm(
 
     edge_weight: optional [E] in the graph's eid order; its dtype is kept.
     dtype:       dtype of the values when edge_weight is None.
+    source_degree: for a bipartite graph whose targets are its first num_dst sources (one rank's part of a
+                 row-split graph, gnnio_cli.distributed): maps the targets' degrees [num_dst] to every
+                 source's degree [num_src] (the rank's own, then the halo's from their owners). Loops are
+                 then added for the num_dst targets only.
     16-bit values are computed in fp32 and rounded once at the end.
     Returns (graph with the loops, values [E'] in that graph's eid order).
     Without edge_weight the result is cached on the graph per (options,
     device, dtype); with it, the values carry gradients to edge_weight.
     """
     op = "gcn_norm"
-    if graph.is_bipartite:
+    if graph.is_bipartite and source_degree is None:
         raise GnnioError(
             f"{op}: needs as many sources as targets, got {graph.num_src_nodes} sources "
             f"and {graph.num_dst_nodes} targets"
         )
     if edge_weight is not None:
         check_tensor(op, "edge_weight", edge_weight, graph, "[E]", (graph.num_edges,))
-        return _gcn_norm_reference(graph, edge_weight, improved, add_self_loops, edge_weight.dtype)
-    key = ("gcn_norm", improved, add_self_loops, str(graph.device), dtype)
-    return graph.cached(key, lambda: _gcn_norm_reference(graph, None, improved, add_self_loops, dtype))
+        return _gcn_norm_reference(graph, edge_weight, improved, add_self_loops, edge_weight.dtype, source_degree)
+    key = ("gcn_norm", improved, add_self_loops, str(graph.device), dtype, source_degree is not None)
+    return graph.cached(key, lambda: _gcn_norm_reference(graph, None, improved, add_self_loops, dtype, source_degree))
 
 
 def _gcn_norm_reference(
@@ -60,26 +65,34 @@ def _gcn_norm_reference(
     improved: bool,
     add_self_loops: bool,
     dtype: torch.dtype,
+    source_degree: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
 ) -> tuple[Graph, torch.Tensor]:
     """:func:`gcn_norm` computed in fp32 for 16-bit `dtype` (degrees are sums), returned in `dtype`."""
     compute = accumulation_dtype(dtype)
     if edge_weight is not None:
         edge_weight = edge_weight.to(compute)
     if add_self_loops:
-        loops = replaced_self_loops(graph, graph.num_nodes)
+        loops = replaced_self_loops(graph, graph.num_dst_nodes)
         out_graph = loops.graph
         if edge_weight is None:
             weights = torch.ones(out_graph.num_edges, dtype=compute, device=graph.device)
         else:
-            existing = last_loop_eid(graph)
+            existing = last_loop_eid(graph)[: graph.num_dst_nodes]
             fill = torch.full_like(existing, 2.0 if improved else 1.0, dtype=compute)
-            loop_weights = torch.where(existing >= 0, edge_weight[existing.clamp(min=0)], fill)
+            # (a graph without edges has no loop to keep, and no weight to index)
+            loop_weights = torch.where(existing >= 0, edge_weight[existing.clamp(min=0)], fill) if graph.num_edges else fill
             weights = torch.cat([loops.kept(edge_weight), loop_weights])
     else:
         out_graph = graph
         weights = edge_weight if edge_weight is not None else torch.ones(graph.num_edges, dtype=compute, device=graph.device)
     source, target = out_graph.edge_index()
     degree = weights.new_zeros(out_graph.num_dst_nodes).index_add(0, target, weights)
+    inv_sqrt = _inverse_sqrt(degree)
+    inv_sqrt_source = inv_sqrt if source_degree is None else _inverse_sqrt(source_degree(degree))
+    return out_graph, (inv_sqrt_source[source] * weights * inv_sqrt[target]).to(dtype)
+
+
+def _inverse_sqrt(degree: torch.Tensor) -> torch.Tensor:
+    """degree^-1/2, 0 where the degree is 0."""
     inv_sqrt = degree.pow(-0.5)
-    inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
-    return out_graph, (inv_sqrt[source] * weights * inv_sqrt[target]).to(dtype)
+    return inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)

@@ -344,7 +344,7 @@ class _SparseMatmul(torch.autograd.Function):
             grad_x = sparse_matmul(graph, values, grad, transpose=not transpose)
         if ctx.needs_input_grad[0]:
             if values.dim() == 1:  # one weight per edge scales every feature of its message
-                grad, x = grad.reshape(grad.shape[0], -1), x.reshape(x.shape[0], -1)
+                grad, x = grad.flatten(1), x.flatten(1)  # (reshape(N, -1) cannot size 0 rows)
             grad_values = sddmm(graph, x, grad) if transpose else sddmm(graph, grad, x)
         return grad_values, grad_x, None, None
 
