@@ -12,12 +12,13 @@ from torch import Tensor
 from gnnio_cli.distributed.exchange import ExchangeLog, HaloPlan, halo_rows
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
+from gnnio_cli.nn.base import LayerRunner
 
 if TYPE_CHECKING:  # (the partition module loads on first use: see gnnio_cli.distributed)
     from gnnio_cli.distributed.partition import Part, Partition
 
 
-class DistributedGraph:
+class DistributedGraph(LayerRunner):
     """This rank's part of a graph whose target rows are split across the ranks of a process group.
 
     Pass it to any gnnio layer in place of edge_index, with x holding this rank's own rows
@@ -36,6 +37,12 @@ class DistributedGraph:
     own_nodes: int64 [num_own], the original ids of this rank's nodes: x = features[own_nodes].
     plan:      the halo exchange's plan; log: what the exchanges moved (see ExchangeLog).
     """
+
+    def run_layer(self, layer, *args, **kwargs):
+        """layer(x, self, ...): fetch the halo rows the layer needs, then its ordinary call on this part."""
+        from gnnio_cli.distributed.layers import distributed_call
+
+        return distributed_call(layer, *args, **kwargs)
 
     def __init__(self, graph: Graph, plan: HaloPlan, own_nodes: Tensor, edge_ids: Tensor, rank: int,
                  world_size: int, log: Optional[ExchangeLog] = None):

@@ -1,7 +1,7 @@
 """gnnio's layers on a DistributedGraph: one rank's rows, the same ops as on one device.
 
-A layer called with a DistributedGraph (``ConvBase.__call__`` sends it here)
-fetches the halo rows of its source-side input and runs its ordinary
+A layer called with a DistributedGraph (``ConvBase.__call__`` hands the call to
+``DistributedGraph.run_layer``, which calls :func:`distributed_call`) fetches the halo rows of its source-side input and runs its ordinary
 bipartite call on the rank's part:
 
 - SAGEConv, GINConv, GATConv, GATv2Conv, TransformerConv: the pair
@@ -24,18 +24,20 @@ rank's edges' rows (``global[dgraph.edge_ids]``).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
 
-from gnnio_cli.distributed.graph import DistributedGraph
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, with_self_loops
 from gnnio_cli.nn.gcn import GCN_REDUCTIONS, GCNConv
 from gnnio_cli.nn.transformer import AGNNConv
 from gnnio_cli.ops import attention
 from gnnio_cli.ops.spmm import gcn_norm, spmm
+
+if TYPE_CHECKING:  # (the graph calls into this module: DistributedGraph.run_layer)
+    from gnnio_cli.distributed.graph import DistributedGraph
 
 EDGE_ARGUMENT = "edge_index"
 

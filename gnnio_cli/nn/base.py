@@ -9,7 +9,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from gnnio_cli.distributed.graph import DistributedGraph
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import edge_messages_graph
@@ -63,6 +62,14 @@ def _registered(module: torch.nn.Module, registry: dict, names: tuple) -> list:
         return [getattr(module, name) for name in names]
 
 
+class LayerRunner:
+    """Edges that run a layer's call themselves when passed in place of an edge_index (a rank's part of a
+    row-split graph: gnnio_cli.distributed.DistributedGraph)."""
+
+    def run_layer(self, layer: "ConvBase", *args, **kwargs):
+        raise NotImplementedError
+
+
 class ConvBase(MessagePassingBase):
     """Base of gnnio's drop-in layers: PyG's ``MessagePassing`` where torch_geometric imports.
 
@@ -90,11 +97,10 @@ class ConvBase(MessagePassingBase):
     def __call__(self, *args, **kwargs):
         # A DistributedGraph in place of the edges: this rank's rows of a row-partitioned graph, whose halo
         # rows the layer fetches before running its ordinary call on the rank's part (gnnio_cli.distributed).
+        # The graph runs such a call itself (DistributedGraph.run_layer), so nn does not import distributed.
         edges = args[1] if len(args) > 1 else kwargs.get("edge_index")
-        if type(edges) is DistributedGraph:
-            from gnnio_cli.distributed.layers import distributed_call
-
-            return distributed_call(self, *args, **kwargs)
+        if isinstance(edges, LayerRunner):
+            return edges.run_layer(self, *args, **kwargs)
         return super().__call__(*args, **kwargs)
 
     # ------------------------------------------------------------ paths
