@@ -224,8 +224,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> append_loops(const at::Tensor& in
   at::Tensor new_indptr = at::empty_like(indptr);
   at::Tensor new_indices = at::empty({edges + num_loops}, indices.options());
   at::Tensor new_eid = at::empty({edges + num_loops}, eid.options());
-  append_loops_indptr_kernel<<<blocks_for(rows + 1), kThreads, 0, stream>>>(indptr.data_ptr<int64_t>(), rows, num_loops,
-                                                                      new_indptr.data_ptr<int64_t>());
+  append_loops_indptr_kernel<<<blocks_for(rows + 1), kThreads, 0, stream>>>(
+      indptr.data_ptr<int64_t>(), rows, num_loops, new_indptr.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (rows > 0) {
     const int64_t blocks = blocks_for(rows * kWarp);
