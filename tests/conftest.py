@@ -16,3 +16,12 @@ def native_extension():
         native.load()
     except Exception as error:  # the reason is the failure message
         pytest.fail(f"a CUDA GPU is visible but the native extension does not load: {error}", pytrace=False)
+
+
+@pytest.fixture
+def fused_dense_path(monkeypatch):
+    """gnnio's fused dense autograd functions for every input, however small: tests of those functions and of
+    the kernels they choose (inputs up to nn.linear.HOST_BOUND_ELEMENTS otherwise take plain torch)."""
+    from gnnio_cli.nn import linear as linear_module
+
+    monkeypatch.setattr(linear_module, "HOST_BOUND_ELEMENTS", -1)

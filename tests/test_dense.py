@@ -16,6 +16,9 @@ from gnnio_cli.nn.linear import Linear, project_shared
 from gnnio_cli.ops import dense, dispatch
 from testing import DEVICES, assert_within_torch_error, poison_cuda_cache, randn, relative_error
 
+# The projections under test are gnnio's fused ones, which small inputs would otherwise skip.
+pytestmark = pytest.mark.usefixtures("fused_dense_path")
+
 
 def on_gpu(test):
     """Runs `test` only where CUDA is visible and the native extension builds."""

@@ -11,13 +11,9 @@ from gnnio_cli.ops import dispatch
 from testing import DEVICES
 
 
-@pytest.fixture(autouse=True)
-def fused_dense_path(monkeypatch):
-    """These tests check gnnio's fused autograd functions: every input takes them, however small
-    (a test of the small inputs' plain path below sets its own limit)."""
-    from gnnio_cli.nn import linear as linear_module
-
-    monkeypatch.setattr(linear_module, "HOST_BOUND_ELEMENTS", -1)
+# These tests check gnnio's fused autograd functions: every input takes them, however small (the test of
+# the small inputs' plain path below sets its own limit).
+pytestmark = pytest.mark.usefixtures("fused_dense_path")
 
 
 @pytest.mark.parametrize("shape", [(7, 5), (2, 4, 5), (0, 5)], ids=["2d", "3d", "empty"])
