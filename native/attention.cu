@@ -1732,7 +1732,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 // features or dropout, and a forward without returned scores (the layer's
 // usual case); the other cases run the passes above. GAT's fp32 forward
 // gathers ahead too (gat_forward_ahead_kernel), on the same conditions.
-// GNNIO_ATTENTION_AHEAD=0 runs the passes above for these cases too.
 // (GATv2's 16-bit forward through an 8-wide ring of its x_src rows ran 9%
 // slower than its per-step packed build: H200, rmat20 4 x 32, 1.662 against
 // 1.529 ms, run 131; not kept.)
@@ -2679,17 +2678,9 @@ void launch_resident(Kernel kernel, const Params<scalar_t>& p, cudaStream_t stre
 // and GAT's fp32 forward (gat_forward_ahead_kernel) may gather ahead:
 // copy_ahead needs compute capability 8.0 for its asynchronous copies
 // (older GPUs would copy synchronously, no faster than the passes that
-// gather per step), and GNNIO_ATTENTION_AHEAD=0 turns them off (to compare
-// the two). Each caller adds its own conditions: the layout, no edge
+// gather per step). Each caller adds its own conditions: the layout, no edge
 // features, and for the forwards and the source pass no dropout.
-bool gathers_ahead() {
-  return !switched_off("GNNIO_ATTENTION_AHEAD") && at::cuda::getCurrentDeviceProperties()->major >= 8;
-}
-
-// Whether GAT's 16-bit forward may take its plain build (forward_kernel's
-// PLAIN) where a call has no dropout, edge features or returned scores;
-// GNNIO_ATTENTION_PLAIN=0 keeps the general build (to compare the two).
-bool plain_builds() { return !switched_off("GNNIO_ATTENTION_PLAIN"); }
+bool gathers_ahead() { return at::cuda::getCurrentDeviceProperties()->major >= 8; }
 
 // Lanes per head of 32-channel heads (8 in the 4-wide layout, 4 in the
 // 8-wide one). The forward of the kinds that sum a head's shares for every
@@ -2728,7 +2719,7 @@ void launch_forward(const Params<scalar_t>& p, cudaStream_t stream) {
   }
   // GAT's 16-bit forward without those extras: the plain build (see forward_blocks_per_sm)
   if constexpr (KIND == kGat && VEC == 8) {
-    if (plain && plain_builds()) {
+    if (plain) {
       launch_resident(forward_kernel<KIND, VEC, scalar_t, false, 0, true>, p, stream);
       return;
     }

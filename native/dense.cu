@@ -1129,12 +1129,10 @@ __global__ void wgmma_probe_kernel(int* built) {
 
 // Whether the current device runs this build's wgmma multiply: asked of the
 // device once per process and device (the arch list may hold sm_90 without
-// sm_90a, e.g. TORCH_CUDA_ARCH_LIST=9.0). GNNIO_SPLIT_TF32_WGMMA=0 keeps the
-// mma.sync multiply (to compare the two).
+// sm_90a, e.g. TORCH_CUDA_ARCH_LIST=9.0).
 bool wgmma_built(int device) {
   static std::mutex mutex;
   static std::vector<int> built;  // per device: -1 unknown, 0, 1
-  if (switched_off("GNNIO_SPLIT_TF32_WGMMA")) return false;
   const std::lock_guard<std::mutex> lock(mutex);
   if (built.size() <= static_cast<size_t>(device)) built.resize(device + 1, -1);
   if (built[device] < 0) {
@@ -1170,10 +1168,9 @@ void launch_gemm(const GemmArgs& args, int64_t items, unsigned blocks, bool wgmm
 
 // Whether B (small beside A: a layer's weights, in the forward and the
 // input gradient, where A is K-major) is split once before the product, so
-// the product's blocks copy it split. GNNIO_SPLIT_TF32_PRESPLIT=0 keeps the
-// split in the product.
+// the product's blocks copy it split.
 bool presplit_fits(const GemmArgs& args, bool a_transposed, bool wgmma) {
-  return wgmma && !a_transposed && args.k > 0 && args.n * 16 <= args.m && !switched_off("GNNIO_SPLIT_TF32_PRESPLIT");
+  return wgmma && !a_transposed && args.k > 0 && args.n * 16 <= args.m;
 }
 
 // The product behind both ops, with args' operands (args.b unused where

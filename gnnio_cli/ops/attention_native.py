@@ -32,7 +32,6 @@ attention weights carry no gradient.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -134,33 +133,18 @@ def edge_grad_slots(graph: Graph) -> torch.Tensor:
     return graph.cached(("attention_edge_grad_slots",), lambda: slot_map(graph.csc_eid, graph.csr_eid))
 
 
-def hot_l2_share() -> float:
-    """The share of L2 that a pass's most-read rows may fill (hinted_indices): $GNNIO_ATTENTION_HOT_SHARE,
-    default HOT_L2_SHARE; 0 turns the hints off."""
-    text = os.environ.get("GNNIO_ATTENTION_HOT_SHARE")
-    if text is None:
-        return HOT_L2_SHARE
-    try:
-        share = float(text)
-    except ValueError:
-        share = -1.0
-    if not 0.0 <= share <= 1.0:
-        raise GnnioError(f"GNNIO_ATTENTION_HOT_SHARE must be a number from 0 to 1, got {text!r}")
-    return share
-
-
 def hinted_indices(graph: Graph, side: str, row_bytes: int) -> Optional[torch.Tensor]:
     """int32 [E]: the 'csr' or 'csc' neighbour ids with bit 31 set where the neighbour is rarely read, or None.
 
     A pass reads a neighbour's rows once per slot that names it. The nodes read most, as many as have rows
-    (`row_bytes` each, every row the pass gathers per edge) to fill hot_l2_share() of the device's L2,
+    (`row_bytes` each, every row the pass gathers per edge) to fill HOT_L2_SHARE of the device's L2,
     keep bit 31 clear; the kernels that gather ahead copy every other node's rows with L2's evict-first
     policy, so the rows read most stay in L2. None where ids need all 32 bits, off the GPU, or with the
     share 0. Cached on the graph per side and hot-node count.
     """
     indices = graph.csr_indices if side == "csr" else graph.csc_indices
     nodes = graph.num_src_nodes if side == "csr" else graph.num_dst_nodes
-    share = hot_l2_share()
+    share = HOT_L2_SHARE
     if share <= 0.0 or nodes >= 2**31 or indices.numel() == 0 or not indices.is_cuda:
         return None
     l2_bytes = dispatch.cuda_properties(indices.device).L2_cache_size
@@ -359,10 +343,8 @@ def _make_call(
     negative_slope, scale = float(negative_slope), float(scale)
     return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
     pack_gradients = pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes
-    # DOT's hints depend on the environment's share of L2 (read on every call, so a change takes effect)
-    hot_share = hot_l2_share() if kind == DOT else None
     key = ("attention_plan", kind, forced, negative_slope, scale, return_scores, pack_gradients,
-           row_bytes if kind == DOT else 0, hot_share)
+           row_bytes if kind == DOT else 0)
     plan = graph.cached(key, lambda: _build_plan(kind, graph, forced, negative_slope, scale, return_scores,
                                                  pack_gradients, row_bytes))
     dropout = float(dropout) if training else 0.0
