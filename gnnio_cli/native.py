@@ -94,12 +94,13 @@ def cache_root() -> Path:
 
 
 def source_files() -> list[Path]:
-    """Every C++ and CUDA source of the extension: native/*.cpp, then native/*.cu (each family registers itself)."""
-    return sorted(SOURCE_DIR.glob("*.cpp")) + sorted(SOURCE_DIR.glob("*.cu"))
+    """Every C++ and CUDA source of the extension, subfolders (native/attention/) included: the .cpp files,
+    then the .cu files (each family registers itself). Basenames are unique: the build names objects by them."""
+    return sorted(SOURCE_DIR.rglob("*.cpp")) + sorted(SOURCE_DIR.rglob("*.cu"))
 
 
 def _header_files() -> list[Path]:
-    return sorted(SOURCE_DIR.glob("*.cuh")) + sorted(SOURCE_DIR.glob("*.h"))
+    return sorted(SOURCE_DIR.rglob("*.cuh")) + sorted(SOURCE_DIR.rglob("*.h"))
 
 
 def cuda_home() -> Optional[str]:
@@ -190,7 +191,7 @@ def _cusparse_flags() -> tuple[list[str], list[str]]:
 def _build_key(arch: str, include_dirs: list[str], ldflags: list[str]) -> str:
     digest = hashlib.sha256()
     for path in source_files() + _header_files():
-        digest.update(path.name.encode())
+        digest.update(path.relative_to(SOURCE_DIR).as_posix().encode())
         digest.update(path.read_bytes())
     facts = [
         BUILD_RECIPE,

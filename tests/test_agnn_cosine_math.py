@@ -1,4 +1,4 @@
-"""The fused AGNN's gradient formulas (native/attention.cu, kind Cosine), checked on the CPU in fp64.
+"""The fused AGNN's gradient formulas (native/attention/, kind Cosine), checked on the CPU in fp64.
 
 The kernels read the rows x themselves with their norms (the cosine is
 <x_t, x_s> / max(|x_s|, 1e-12) / max(|x_t|, 1e-12), the message x_s) and
@@ -71,7 +71,7 @@ def softmax_by_target(score, dst, num_dst):
 
 
 def cosine_model(graph, x_src, x_dst, beta, grad_out, *, shared) -> ModelResult:
-    """out and the gradients of (x_src, x_dst, beta) from the kernels' sums (attention.cu's header)."""
+    """out and the gradients of (x_src, x_dst, beta) from the kernels' sums (native/attention/passes.cuh's header)."""
     src, dst = graph.edge_index()
     num_dst = graph.num_dst_nodes
     u_src, n_src = unit_rows(x_src)
@@ -181,7 +181,7 @@ def test_cosine_needs_the_clamped_norm():
 # ------------------------------------------------------------------ the Python side of the native path
 class FakeCosineKernels:
     """torch.ops.gnnio for the Cosine kind on the CPU: each op returns what the CUDA op returns
-    (attention.cu's schema comment), computed edge by edge in fp64, so attention_native's autograd
+    (native/attention/ops.cu's schema comment), computed edge by edge in fp64, so attention_native's autograd
     wiring (which sum goes where, shared x, beta's shape) runs without a GPU. No dropout."""
 
     SCHEDULE_ARGS = 7  # tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order, num_busy_rows

@@ -1,4 +1,4 @@
-"""The fused CUDA attention kernels (native/attention.cu) against the fp64 reference ops.
+"""The fused CUDA attention kernels (native/attention/) against the fp64 reference ops.
 
 Every case runs the public op twice: with the native backend on the inputs'
 dtype, and with the reference backend on the same values upcast to fp64 (the

@@ -1,4 +1,4 @@
-"""The native path of the attention ops: fused CUDA kernels (native/attention.cu) behind autograd.
+"""The native path of the attention ops: fused CUDA kernels (native/attention/) behind autograd.
 
 Each function here takes the same arguments as its public op in
 :mod:`gnnio_cli.ops.attention` (already validated there) and returns the same
@@ -48,7 +48,7 @@ from gnnio_cli.ops.dense import bias_gradient
 
 GAT, GATV2, DOT, COSINE = 0, 1, 2, 3
 
-# The widest head the kernels' lane layout holds (attention.cu: 32 lanes x 8 chunks).
+# The widest head the kernels' lane layout holds (native/attention/passes.cuh: 32 lanes x 8 chunks).
 MAX_CHANNELS = 256
 NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -176,7 +176,7 @@ class _Plan:
     """
 
     kind: int
-    # the graph arguments of the passes along the CSR and the CSC (see attention.cu's schemas):
+    # the graph arguments of the passes along the CSR and the CSC (see native/attention/ops.cu's schemas):
     # (indptr, indices, eid, *schedule.args(), *order.args())
     csr_args: tuple
     csc_args: tuple
@@ -439,7 +439,7 @@ def transformer_attention(graph, query, key, value, edge_feat, dropout, training
 class _CosineAttention(torch.autograd.Function):
     """(x_src [Ns, 1, C], x_dst [Nd, 1, C] or None when it is x_src, beta) -> (out [Nd, 1, C], lse, scores).
 
-    AGNN through the kernels' Cosine kind (attention.cu's header has the
+    AGNN through the kernels' Cosine kind (native/attention/passes.cuh's header has the
     derivation): forward takes the fp32 norm of each row and its inverse
     1 / max(norm, 1e-12) in one pass; the kernels read the rows themselves
     (exact in every dtype) with them,
@@ -490,7 +490,7 @@ class _CosineAttention(torch.autograd.Function):
 
 
 def _cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32) -> tuple:
-    """The kernels' tensor arguments for the Cosine kind (see attention.cu's schema comment)."""
+    """The kernels' tensor arguments for the Cosine kind (see native/attention/ops.cu's schema comment)."""
     return x_src, None, x_dst, norm_src, norm_dst, beta_f32, None
 
 

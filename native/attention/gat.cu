@@ -1,0 +1,13 @@
+// The attention passes of kind kGat (GATConv): forward, target-side and source-side
+// backward, instantiated for this kind alone so that each kind compiles in
+// its own translation unit.
+#include "host.cuh"
+
+namespace gnnio {
+namespace attention {
+
+template struct KindOps<kGat>;
+template struct FromEdgesOps<kGat>;
+
+}  // namespace attention
+}  // namespace gnnio
