@@ -813,7 +813,7 @@ def test_dot_passes_gathered_ahead_match_the_oracle(heads, channels, dtype, monk
     else:
         check_16bit_against_oracle("transformer", graph, inputs)
     ahead, _ = run("transformer", graph, inputs, "native")
-    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    tolerance = FP32_TOLERANCE if dtype == torch.float32 else 1e-2  # the same sums, not in the same order
     assert relative_error(ahead.float(), general_forward("transformer", graph, inputs).float()) <= tolerance
 
 
