@@ -524,7 +524,7 @@ def test_edge_balanced_forward_with_dropout_uses_the_fused_mask():
 
 def op_arguments(kind="gatv2", seed=5):
     """(graph, call, tensors) for calling the GATv2 or Dot kind's native ops directly, 2 heads x 8, on
-    small_graph."""
+    small_graph; tensors: the ops' tensor arguments, (x_src, x_dst, att, edge) or (query, key, value, edge)."""
     graph = small_graph().to("cuda")
     inputs = {name: t.detach() for name, t in make_inputs(kind, graph, 2, 8, torch.float32, seed=seed).items()}
     gatv2 = kind == "gatv2"
@@ -534,17 +534,18 @@ def op_arguments(kind="gatv2", seed=5):
         weights_after_dropout=gatv2,
     )  # fmt: skip
     if gatv2:
-        tensors = (inputs["x_src"], None, inputs["x_dst"], None, None, inputs["att"], None)
+        tensors = (inputs["x_src"], inputs["x_dst"], inputs["att"], None)
     else:
-        tensors = (inputs["value"], inputs["key"], inputs["query"], None, None, None, None)
+        tensors = (inputs["query"], inputs["key"], inputs["value"], None)
     return graph, call, tensors
 
 
 def test_edge_balanced_op_checks_slot_rows():
     graph, call, tensors = op_arguments()
-    with pytest.raises(RuntimeError, match=r"attention_forward_edge_balanced: slot_rows must be a contiguous int32"):
-        torch.ops.gnnio.attention_forward_edge_balanced(
-            attention_native.GATV2, *call.plan.csr_args, *tensors, *call.score_args(), 0,
+    with pytest.raises(RuntimeError,
+                       match=r"gatv2_attention_forward_edge_balanced: slot_rows must be a contiguous int32"):
+        torch.ops.gnnio.gatv2_attention_forward_edge_balanced(
+            *call.plan.csr_args, *tensors, *call.score_args(), 0,
             torch.zeros(graph.num_edges, dtype=torch.int64, device="cuda"),
         )
 
@@ -744,15 +745,6 @@ def test_row_dots_column_sums_match_fp64(heads, channels, aligned, dtype):
         torch.ops.gnnio.attention_row_dots(a.new_ones(4, 2, 33), a.new_ones(4, 2, 33), None, None, True)
 
 
-def test_target_from_edges_refuses_other_kinds():
-    graph, call, tensors = op_arguments()
-    edge_grads = torch.ones(graph.num_edges, 2, device="cuda")
-    with pytest.raises(RuntimeError, match=r"attention_backward_target_from_edges: kind must be 0 \(GAT\) or 2"):
-        torch.ops.gnnio.attention_backward_target_from_edges(
-            attention_native.GATV2, *call.plan.csr_args, *tensors, edge_grads, attention_native.edge_grad_slots(graph)
-        )
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,channels", [(3, 33), (4, 32), (2, 16)])
 @pytest.mark.parametrize("kind", ["gat", "gatv2"])
@@ -898,6 +890,6 @@ def test_residual_added_at_the_store(heads, channels, dtype):
 
 def test_forward_refuses_a_residual_of_the_wrong_shape():
     _, call, tensors = op_arguments("transformer", seed=71)
-    short = tensors[2][:-1]  # a query row short
-    with pytest.raises(RuntimeError, match=r"attention_forward: residual must have shape"):
+    short = tensors[0][:-1]  # a query row short
+    with pytest.raises(RuntimeError, match=r"dot_attention_forward: residual must have shape"):
         call.forward(tensors, None, short)

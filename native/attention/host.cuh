@@ -1,14 +1,16 @@
 // The host side of the attention passes: boundary checks, Params, launches,
-// and each op's body as a template on the kind. Each kind's file (gat.cu,
-// gatv2.cu, dot.cu, cosine.cu) instantiates them through Kind<KIND>
-// (kinds.h); ops.cu declares the schemas and dispatches on the kind.
+// and each op's body as a template on the kind, over the kinds' common tensor
+// slots (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge). Each
+// kind's file (gat.cu, gatv2.cu, dot.cu, cosine.cu) includes this header,
+// declares its typed ops (schema.h) and fills the slots from them, so every
+// kind compiles in a translation unit of its own.
 #pragma once
 
 #include "ahead.cuh"
 #include "backward_source.cuh"
 #include "backward_target.cuh"
 #include "forward.cuh"
-#include "kinds.h"
+#include "schema.h"
 #include "rows.cuh"
 
 #include <algorithm>
@@ -19,11 +21,20 @@ namespace attention {
 namespace {
 
 // ---------------------------------------------------------------- host side
-constexpr const char* kForward = "gnnio::attention_forward";
-constexpr const char* kForwardEdgeBalanced = "gnnio::attention_forward_edge_balanced";
-constexpr const char* kBackwardTarget = "gnnio::attention_backward_target";
-constexpr const char* kBackwardSource = "gnnio::attention_backward_source";
-constexpr const char* kBackwardTargetFromEdges = "gnnio::attention_backward_target_from_edges";
+// Each op's name per kind (indexed by Kind), for its error messages.
+constexpr const char* kForward[] = {"gnnio::gat_attention_forward", "gnnio::gatv2_attention_forward",
+                                    "gnnio::dot_attention_forward", "gnnio::cosine_attention_forward"};
+constexpr const char* kForwardEdgeBalanced[] = {
+    "gnnio::gat_attention_forward_edge_balanced", "gnnio::gatv2_attention_forward_edge_balanced",
+    "gnnio::dot_attention_forward_edge_balanced", "gnnio::cosine_attention_forward_edge_balanced"};
+constexpr const char* kBackwardTarget[] = {
+    "gnnio::gat_attention_backward_target", "gnnio::gatv2_attention_backward_target",
+    "gnnio::dot_attention_backward_target", "gnnio::cosine_attention_backward_target"};
+constexpr const char* kBackwardSource[] = {
+    "gnnio::gat_attention_backward_source", "gnnio::gatv2_attention_backward_source",
+    "gnnio::dot_attention_backward_source", "gnnio::cosine_attention_backward_source"};
+constexpr const char* kBackwardTargetFromEdges[] = {"gnnio::gat_attention_backward_target_from_edges", "",
+                                                    "gnnio::dot_attention_backward_target_from_edges", ""};
 
 // The runtime vector width becomes a template parameter; each kind's file
 // (gat.cu, gatv2.cu, dot.cu, cosine.cu) instantiates the passes for its kind:
@@ -455,7 +466,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const c10::optional<at::Tensor>& bias,
     const c10::optional<at::Tensor>& hinted_indices, const c10::optional<at::Tensor>& residual) {
-  return forward_impl<KIND>(kForward, indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr,
+  return forward_impl<KIND>(kForward[KIND], indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr,
                       tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att,
                       edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr, bias, residual,
                       hinted_indices);
@@ -472,7 +483,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor& slot_rows,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
-  return forward_impl<KIND>(kForwardEdgeBalanced, indptr, indices, eid, tile_row, tile_start, heavy_rows,
+  return forward_impl<KIND>(kForwardEdgeBalanced[KIND], indptr, indices, eid, tile_row, tile_start, heavy_rows,
                       heavy_tile_ptr, tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar,
                       dst_scalar, att, edge, negative_slope, scale, dropout, seed, offset, return_scores, &slot_rows,
                       bias, residual);
@@ -499,7 +510,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& grad_out,
     const at::Tensor& lse, double negative_slope, double scale, double dropout, int64_t seed, int64_t offset) {
-  const char* op = kBackwardTarget;
+  const char* op = kBackwardTarget[KIND];
   constexpr int64_t kind = KIND;
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
@@ -604,7 +615,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     const at::Tensor& row_stats, double negative_slope, double scale, double dropout,
     int64_t seed, int64_t offset, bool write_edge_grads, const c10::optional<at::Tensor>& packed_grads,
     const c10::optional<at::Tensor>& hinted_indices) {
-  const char* op = kBackwardSource;
+  const char* op = kBackwardSource[KIND];
   constexpr int64_t kind = KIND;
   const int64_t num_src = indptr.numel() - 1, num_edges = indices.numel();
   const RowSchedule schedule =
@@ -700,7 +711,7 @@ at::Tensor attention_backward_target_from_edges(
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, const at::Tensor& edge_grads,
     const at::Tensor& edge_grad_slots, const c10::optional<at::Tensor>& packed_grads,
     const c10::optional<at::Tensor>& hinted_indices) {
-  const char* op = kBackwardTargetFromEdges;
+  const char* op = kBackwardTargetFromEdges[KIND];
   static_assert(KIND == kGat || KIND == kDot, "GAT and Dot alone sum the source pass's score gradients");
   constexpr int64_t kind = KIND;
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
@@ -757,55 +768,5 @@ at::Tensor attention_backward_target_from_edges(
 }
 
 }  // namespace
-}  // namespace attention
-}  // namespace gnnio
-
-namespace gnnio {
-namespace attention {
-
-template <int KIND>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> KindOps<KIND>::forward(
-    GNNIO_ATTENTION_GRAPH_PARAMS, double negative_slope, double scale, double dropout, int64_t seed, int64_t offset,
-    int64_t return_scores, const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& hinted_indices,
-    const c10::optional<at::Tensor>& residual) {
-  return attention_forward<KIND>(GNNIO_ATTENTION_GRAPH_NAMES, negative_slope, scale, dropout, seed, offset,
-                                 return_scores, bias, hinted_indices, residual);
-}
-
-template <int KIND>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> KindOps<KIND>::forward_edge_balanced(
-    GNNIO_ATTENTION_GRAPH_PARAMS, double negative_slope, double scale, double dropout, int64_t seed, int64_t offset,
-    int64_t return_scores, const at::Tensor& slot_rows, const c10::optional<at::Tensor>& bias,
-    const c10::optional<at::Tensor>& residual) {
-  return attention_forward_edge_balanced<KIND>(GNNIO_ATTENTION_GRAPH_NAMES, negative_slope, scale, dropout, seed,
-                                               offset, return_scores, slot_rows, bias, residual);
-}
-
-template <int KIND>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> KindOps<KIND>::backward_target(
-    GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& grad_out, const at::Tensor& lse, double negative_slope,
-    double scale, double dropout, int64_t seed, int64_t offset) {
-  return attention_backward_target<KIND>(GNNIO_ATTENTION_GRAPH_NAMES, grad_out, lse, negative_slope, scale, dropout,
-                                         seed, offset);
-}
-
-template <int KIND>
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> KindOps<KIND>::backward_source(
-    GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& grad_out, const at::Tensor& row_stats, double negative_slope,
-    double scale, double dropout, int64_t seed, int64_t offset, bool write_edge_grads,
-    const c10::optional<at::Tensor>& packed_grads, const c10::optional<at::Tensor>& hinted_indices) {
-  return attention_backward_source<KIND>(GNNIO_ATTENTION_GRAPH_NAMES, grad_out, row_stats, negative_slope, scale,
-                                         dropout, seed, offset, write_edge_grads, packed_grads, hinted_indices);
-}
-
-template <int KIND>
-at::Tensor FromEdgesOps<KIND>::backward_target(GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& edge_grads,
-                                               const at::Tensor& edge_grad_slots,
-                                               const c10::optional<at::Tensor>& packed_grads,
-                                               const c10::optional<at::Tensor>& hinted_indices) {
-  return attention_backward_target_from_edges<KIND>(GNNIO_ATTENTION_GRAPH_NAMES, edge_grads, edge_grad_slots,
-                                                    packed_grads, hinted_indices);
-}
-
 }  // namespace attention
 }  // namespace gnnio

@@ -120,7 +120,7 @@ struct Params {
   scalar_t* grad_vec2;    // source pass, Dot: d key
   scalar_t* grad_scalar;  // GAT: d alpha_dst (target pass) / d alpha_src (source pass)
   // elements between rows of grad_vec and grad_scalar: H * C and H, or for GAT's packed
-  // gradients both H * C + 2H (see attention_backward_source)
+  // gradients both H * C + 2H (see gat.cu: packed_grads)
   int64_t grad_vec_stride;
   int64_t grad_scalar_stride;
   scalar_t* grad_edge;

@@ -1,6 +1,6 @@
 // The node-level attention ops (row norms, row dots, F.normalize's backward)
 // and the dropout seed: their schemas, CUDA implementations and checks. The
-// kernels are rows.cuh's; the edge passes' ops are in ops.cu.
+// kernels are rows.cuh's; the edge passes' ops are in gat.cu, gatv2.cu, dot.cu and cosine.cu.
 #include "rows.cuh"
 
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -139,7 +139,7 @@ std::vector<int64_t> attention_dropout_seed(int64_t increment) {
 //   column_sums, residual [N, H, C] or None) -> (<a, b - offset - residual>
 //   fp32 [N, H] (delta from the saved output, less the bias and residual the
 //   forward added), or with lse the pairs (lse, delta) fp32
-//   [N, H, 2], which attention_backward_source takes as its delta; a's sums
+//   [N, H, 2], which GAT's and Dot's backward_source ops take as row_stats; a's sums
 //   over the nodes fp32 [H, C] with column_sums (C <= 32: the gradient of
 //   that bias), else empty).
 // attention_row_norms(x [N, H, C]) -> (|x|, 1 / max(|x|, 1e-12)) fp32 [N, H, 2].
