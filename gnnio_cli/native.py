@@ -507,6 +507,17 @@ def _register_fakes() -> None:
     def _(csr_indptr, csc_indptr, src, dst, tiles):
         return csr_indptr.new_empty(FACTS_WIDTH)
 
+    # the dense products (native/dense.cu)
+    @torch.library.register_fake("gnnio::matmul_split_tf32")
+    def _(a, a_transposed, b, b_transposed, bias, out_widths, row_sums=False):
+        rows = sum(t.shape[1] for t in a) if a_transposed else a[0].shape[0]
+        outputs = [a[0].new_empty((rows, width)) for width in out_widths]
+        return outputs + ([a[0].new_empty(rows)] if row_sums else [])
+
+    @torch.library.register_fake("gnnio::project_split_tf32")
+    def _(x, weights, biases):
+        return [x.new_empty((x.shape[0], weight.shape[0])) for weight in weights]
+
     # the structures derived every mini-batch step (native/graph.cu)
     @torch.library.register_fake("gnnio::append_loops")
     def _(indptr, indices, eid, num_loops):

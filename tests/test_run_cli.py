@@ -81,6 +81,25 @@ def test_compare_reference_json(small_graph_file):
         assert entry["runs"][1]["max_error_vs_gnnio"] == 0.0  # on CPU both are the reference
 
 
+def test_compare_compiled_layers_json(small_graph_file):
+    """--against compiled,pyg-compiled: gnnio's and PyG's layers under torch.compile (gnnio's with fullgraph=True,
+    so a graph break fails the run), same weights, the same results as eager gnnio's."""
+    pytest.importorskip("torch_geometric")
+    result = invoke("compare", "--layer", "gcn,gat", "--graph", small_graph_file, "--features", "8", "--heads", "2",
+                    "--device", "cpu", "--scope", "layer", "--against", "compiled,pyg-compiled", "--repeat", "2",
+                    "--warmup", "1", "--json")
+    assert result.exit_code == 0, result.output
+    for entry in json.loads(result.output)["results"]:
+        runs = entry["runs"]
+        assert [run["label"] for run in runs] == ["gnnio", "compiled", "pyg-compiled"]
+        for run in runs[1:]:
+            assert run["max_error_vs_gnnio"] < 1e-5 and run["train_ms"]["median_ms"] > 0
+    refused = subprocess.run([sys.executable, "-m", "gnnio_cli", "compare", "--layer", "gcn", "--graph", small_graph_file,
+                              "--device", "cpu", "--against", "compiled"], capture_output=True, text=True)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode != 0 and len(lines) == 1 and "add --scope layer" in lines[0], refused.stderr
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [

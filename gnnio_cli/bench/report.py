@@ -149,7 +149,7 @@ def timing_rows(m: dict) -> list[list]:
     return rows
 
 
-COMPARE_TARGETS = ("reference", "cusparse", "pyg")
+COMPARE_TARGETS = ("reference", "cusparse", "pyg", "compiled", "pyg-compiled")
 
 
 def max_error(output: torch.Tensor, oracle: torch.Tensor) -> float:
@@ -167,15 +167,22 @@ def _forward_output(workload: workloads.Workload, backend: str) -> torch.Tensor:
         return workload.forward()
 
 
-def _pyg_twin(module: torch.nn.Module, settings: workloads.Settings) -> torch.nn.Module:
-    """PyG's layer with `module`'s weights (gnnio's layers share PyG's state_dict keys)."""
-    try:
-        import torch_geometric.nn as pyg_nn
-    except ImportError:
-        raise GnnioError("--against pyg: torch_geometric is not importable; pip install torch-geometric (or drop pyg)") from None
-    twin = workloads.make_layer(settings, pyg_nn)
+def _pyg_twin(module: torch.nn.Module, settings: workloads.Settings, library=None, *, cached: bool = True) -> torch.nn.Module:
+    """PyG's layer (or `library`'s) with `module`'s weights (gnnio's layers share PyG's state_dict keys)."""
+    if library is None:
+        try:
+            import torch_geometric.nn as library
+        except ImportError:
+            raise GnnioError("--against pyg: torch_geometric is not importable; pip install torch-geometric (or drop pyg)") from None
+    twin = workloads.make_layer(settings, library, cached=cached)
     twin.load_state_dict(module.state_dict(), strict=True)
     return twin
+
+
+def _pyg_library():
+    import torch_geometric.nn as pyg_nn
+
+    return pyg_nn
 
 
 def compare_layer(named: catalog.NamedGraph, settings: workloads.Settings, against: list[str], *, scope: str,
@@ -201,6 +208,17 @@ def compare_layer(named: catalog.NamedGraph, settings: workloads.Settings, again
 
             twin = _pyg_twin(subject.module, settings)
             other, backend = workloads.layer_workload(named.graph, settings, pyg_nn, module=twin), "reference"
+        elif target in ("compiled", "pyg-compiled"):
+            if scope != "layer":
+                raise GnnioError(f"--against {target} compares whole layers: add --scope layer")
+            import gnnio_cli.nn as gnnio_nn
+
+            library = gnnio_nn if target == "compiled" else None
+            # GCNConv uncached: a cached normalisation is module state that a compiled call runs PyG's code for
+            twin = _pyg_twin(subject.module, settings, library, cached=False)
+            library = library or _pyg_library()
+            other = workloads.layer_workload(named.graph, settings, library, module=twin, compiled=True)
+            backend = "auto" if target == "compiled" else "reference"
         else:
             raise GnnioError(f"--against {target}: choose from {', '.join(COMPARE_TARGETS)}")
         run = measurement_dict(measure(other, device, backend=backend, **timing), label=target)

@@ -198,12 +198,13 @@ def _sparse_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tenso
 
 
 # ------------------------------------------------------------ whole layers
-def make_layer(settings: Settings, library) -> torch.nn.Module:
-    """The layer named by `settings` from `library` (gnnio_cli.nn or torch_geometric.nn)."""
+def make_layer(settings: Settings, library, *, cached: bool = True) -> torch.nn.Module:
+    """The layer named by `settings` from `library` (gnnio_cli.nn or torch_geometric.nn); GCNConv `cached`
+    (a fixed graph's normalisation kept, as users of one graph set it)."""
     width, heads = settings.features, settings.heads
     layer = settings.layer
     if layer == "gcn":
-        return library.GCNConv(width, width, cached=True)
+        return library.GCNConv(width, width, cached=cached)
     if layer.startswith("sage-"):
         return library.SAGEConv(width, width, aggr=layer.split("-")[1])
     if layer == "gin":
@@ -217,11 +218,14 @@ def make_layer(settings: Settings, library) -> torch.nn.Module:
     return library.AGNNConv()
 
 
-def layer_workload(graph: Graph, settings: Settings, library=None, *, module: Optional[torch.nn.Module] = None) -> Workload:
+def layer_workload(graph: Graph, settings: Settings, library=None, *, module: Optional[torch.nn.Module] = None,
+                   compiled: bool = False) -> Workload:
     """A whole layer (projections included) with seeded weights, fed `graph`.
 
     gnnio's layers take the Graph itself; other libraries get its edge_index.
     Pass `module` to reuse weights (e.g. PyG's layer loaded with gnnio's state).
+    compiled: run the module under torch.compile, fed the edge_index (gnnio's layers too: a compiled
+    layer takes its graph as a tensor), with fullgraph=True for gnnio's (a graph break is an error).
     """
     import gnnio_cli.nn as gnnio_nn
 
@@ -233,10 +237,11 @@ def layer_workload(graph: Graph, settings: Settings, library=None, *, module: Op
     module = module.to(device=settings.device, dtype=settings.torch_dtype)
     generator = torch.Generator().manual_seed(settings.seed + 1)
     x = _random((graph.num_nodes, settings.features), settings, generator)
-    adjacency = graph if library is gnnio_nn else graph.edge_index()
+    adjacency = graph if library is gnnio_nn and not compiled else graph.edge_index()
+    call = torch.compile(module, fullgraph=library is gnnio_nn) if compiled else module
     element = x.element_size()
     floor = _structure_bytes(graph) + 2 * graph.num_nodes * settings.features * element
     return Workload(
-        f"{settings.layer} layer", lambda: module(x, adjacency), [x], list(module.parameters()), floor_bytes=floor,
+        f"{settings.layer} layer", lambda: call(x, adjacency), [x], list(module.parameters()), floor_bytes=floor,
         module=module,
     )

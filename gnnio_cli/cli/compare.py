@@ -44,7 +44,9 @@ def _reorder_methods() -> Sequence[str]:
 @options.graph_option
 @click.option("--against", default="reference,cusparse", show_default=True, callback=_split_known(_compare_targets),
               help="Comma-separated: reference (PyTorch reference ops), cusparse (torch.sparse CSR SpMM at the "
-                   "same width: the bandwidth yardstick), pyg (PyG 2.8's layer with the same weights; --scope layer).")
+                   "same width: the bandwidth yardstick), pyg (PyG 2.8's layer with the same weights; --scope layer), "
+                   "compiled / pyg-compiled (gnnio's / PyG's layer under torch.compile, fed the edge_index; "
+                   "--scope layer).")
 @click.option("--scope", type=click.Choice(["aggregation", "layer"]), default="aggregation", show_default=True,
               help="aggregation: the op alone (no projections); layer: the whole layer.")
 @click.option("--reorder", "reorders", default="", callback=_split_known(_reorder_methods),
