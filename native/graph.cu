@@ -177,8 +177,8 @@ at::Tensor graph_facts(const at::Tensor& csr_indptr, const at::Tensor& csc_indpt
 }
 
 // ------------------------------------------------------------ derived structures
-__global__ void append_loops_kernel(const int64_t* __restrict__ indptr, int64_t rows, int64_t num_loops,
-                                    int64_t num_edges, int64_t* __restrict__ new_indptr) {
+__global__ void append_loops_indptr_kernel(const int64_t* __restrict__ indptr, int64_t rows, int64_t num_loops,
+                                    int64_t* __restrict__ new_indptr) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row <= rows; row += stride)
     new_indptr[row] = indptr[row] + min(row, num_loops);
@@ -224,8 +224,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> append_loops(const at::Tensor& in
   at::Tensor new_indptr = at::empty_like(indptr);
   at::Tensor new_indices = at::empty({edges + num_loops}, indices.options());
   at::Tensor new_eid = at::empty({edges + num_loops}, eid.options());
-  append_loops_kernel<<<blocks_for(rows + 1), kThreads, 0, stream>>>(indptr.data_ptr<int64_t>(), rows, num_loops,
-                                                                      edges, new_indptr.data_ptr<int64_t>());
+  append_loops_indptr_kernel<<<blocks_for(rows + 1), kThreads, 0, stream>>>(
+      indptr.data_ptr<int64_t>(), rows, num_loops, new_indptr.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (rows > 0) {
     const int64_t blocks = blocks_for(rows * kWarp);

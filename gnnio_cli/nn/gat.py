@@ -163,7 +163,8 @@ def _packed_rows(grad_h: Tensor, grad_scores: tuple[Tensor, ...]) -> Optional[Te
 
 def project_with_scores(x: Tensor, linear: Linear, heads: int, *vectors: Tensor) -> tuple[Tensor, ...]:
     """h = linear(x) as [N, H, C] and GAT's score terms (h * v).sum(-1) for each attention vector v
-    (_ProjectWithScores; under autocast or with a lazy weight, as PyG: linear(x), then the dots of h)."""
+    (_ProjectWithScores; where nn.linear.plain_torch says so or the weight is lazy, as PyG: linear(x), then the
+    dots of h)."""
     (weight,) = registered_parameters(linear, "weight")
     if plain_projection_by(x, [weight]):
         h = linear(x)

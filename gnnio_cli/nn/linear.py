@@ -104,8 +104,8 @@ def affine(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 
 
 def plain_projection(x: Tensor, *linears: "Linear") -> bool:
-    """Whether to project x by calling the linears themselves: under autocast (which casts inside
-    their F.linear) or while a weight is still lazy (the call gives it its shape)."""
+    """Whether to project x by calling the linears themselves: where plain_torch says so, or while a weight is
+    still lazy (the call gives it its shape)."""
     return plain_projection_by(x, [linear.weight for linear in linears])
 
 
@@ -145,7 +145,7 @@ def project_shared(x: Tensor, *linears: "Linear") -> tuple[Tensor, ...]:
 
 
 def add_bias(x: Tensor, bias: Tensor) -> Tensor:
-    """x + bias, as every layer adds its output bias (see bias_gradient); plain torch under autocast or tracing."""
+    """x + bias, as every layer adds its output bias (see bias_gradient); plain torch where plain_torch says so."""
     if plain_torch(x):
         return x + bias
     return _BiasAdd.apply(x, bias)

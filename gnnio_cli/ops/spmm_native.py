@@ -48,10 +48,10 @@ from typing import Callable, Optional
 import torch
 
 from gnnio_cli.graph import Graph
-from gnnio_cli.graph.compress import slot_map
 from gnnio_cli.graph.loops import without_self_loops
 from gnnio_cli.ops import dispatch
 from gnnio_cli.ops.gcn_norm import gcn_norm
+from gnnio_cli.ops.segment import csc_slots
 from gnnio_cli.ops.tuning import choose_kernel, shape_class
 from gnnio_cli.graph.schedule import RowOrder, RowSchedule, row_order, row_schedule
 
@@ -329,5 +329,5 @@ def _loop_free_gcn_operator(graph: Graph) -> SpmmOperator:
     gcn_norm's (products of the same two factors), without building the looped graph."""
     inv_sqrt = (graph.in_degree + 1).to(torch.float32).pow_(-0.5)
     csr_values = inv_sqrt.index_select(0, graph.csr_indices) * inv_sqrt.index_select(0, graph.csr_rows)
-    csc_values = csr_values.index_select(0, slot_map(graph.csr_eid, graph.csc_eid))
+    csc_values = csr_values.index_select(0, csc_slots(graph))
     return operator_from_slots(graph, csr_values, csc_values, None, inv_sqrt * inv_sqrt)
