@@ -21,14 +21,6 @@
 
 namespace gnnio {
 
-// Whether the environment switch `name` is set to "0": the kernels' switches
-// (GNNIO_ATTENTION_AHEAD, GNNIO_SPLIT_TF32_WGMMA, ...) each turn a faster
-// path off so it can be compared with the one it replaced; read per call.
-inline bool switched_off(const char* name) {
-  const char* choice = std::getenv(name);
-  return choice != nullptr && std::string(choice) == "0";
-}
-
 // ------------------------------------------------------------------ checks
 // Messages name the op, the argument and what was seen, e.g.
 // "gnnio::segment_sum: x must be a CUDA tensor, got cpu".

@@ -1,4 +1,4 @@
-"""The fused AGNN's gradient formulas (native/attention.cu, kind Cosine), checked on the CPU in fp64.
+"""The fused AGNN's gradient formulas (native/attention/, kind Cosine), checked on the CPU in fp64.
 
 The kernels read the rows x themselves with their norms (the cosine is
 <x_t, x_s> / max(|x_s|, 1e-12) / max(|x_t|, 1e-12), the message x_s) and
@@ -71,7 +71,7 @@ def softmax_by_target(score, dst, num_dst):
 
 
 def cosine_model(graph, x_src, x_dst, beta, grad_out, *, shared) -> ModelResult:
-    """out and the gradients of (x_src, x_dst, beta) from the kernels' sums (attention.cu's header)."""
+    """out and the gradients of (x_src, x_dst, beta) from the kernels' sums (native/attention/passes.cuh's header)."""
     src, dst = graph.edge_index()
     num_dst = graph.num_dst_nodes
     u_src, n_src = unit_rows(x_src)
@@ -180,79 +180,74 @@ def test_cosine_needs_the_clamped_norm():
 
 # ------------------------------------------------------------------ the Python side of the native path
 class FakeCosineKernels:
-    """torch.ops.gnnio for the Cosine kind on the CPU: each op returns what the CUDA op returns
-    (attention.cu's schema comment), computed edge by edge in fp64, so attention_native's autograd
+    """torch.ops.gnnio's cosine ops on the CPU: each returns what the CUDA op returns
+    (native/attention/cosine.cu's schema comment), computed edge by edge in fp64, so attention_native's autograd
     wiring (which sum goes where, shared x, beta's shape) runs without a GPU. No dropout."""
 
     SCHEDULE_ARGS = 7  # tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order, num_busy_rows
 
     @staticmethod
     def _split(args):
-        kind, indptr, indices, _eid = args[:4]
-        assert kind == 3, kind
-        rest = args[4 + FakeCosineKernels.SCHEDULE_ARGS :]
-        x_src, key_src, x_dst, norm_src, norm_dst, beta, edge = rest[:7]
-        assert edge is None
+        indptr, indices, _eid = args[:3]
+        rest = args[3 + FakeCosineKernels.SCHEDULE_ARGS :]
+        x_src, x_dst, norm_src, norm_dst, beta = rest[:5]
         rows = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
         # the target's unit rows, as the kernels form them from x_dst and its norm
         # the norms as attention_row_norms gives them: (|x|, 1 / max(|x|, floor)) per (row, head)
         u_dst = x_dst[:, 0] / norm_dst[:, 0, 0].double().clamp_min(FLOOR).unsqueeze(-1)
-        return (rows, indices.long()), (x_src[:, 0], u_dst, norm_src[:, 0, 0], beta[0]), rest[7:]
+        return (rows, indices.long()), (x_src[:, 0], u_dst, norm_src[:, 0, 0], beta[0]), rest[5:]
 
     @staticmethod
-    def _scores(x_src, u_dst, n_src, beta, scale, src, dst):
-        cosine = (u_dst[dst] * x_src[src]).sum(-1) / n_src.clamp_min(FLOOR)[src] * scale
+    def _scores(x_src, u_dst, n_src, beta, src, dst):
+        cosine = (u_dst[dst] * x_src[src]).sum(-1) / n_src.clamp_min(FLOOR)[src]
         return beta * cosine, cosine
 
-    def attention_forward(self, *args):
+    def cosine_attention_forward(self, *args):
         (dst, src), (x_src, u_dst, n_src, beta), rest = self._split(args)
-        _slope, scale, dropout, _seed, _offset, return_scores, bias, hinted_indices, residual = rest
-        assert dropout == 0.0 and bias is None and residual is None  # AGNN has no output bias or skip
-        assert hinted_indices is None  # L2 hints are the dot product's alone
-        score, _ = self._scores(x_src, u_dst, n_src, beta, scale, src, dst)
+        dropout, _seed, _offset, return_scores = rest
+        assert dropout == 0.0
+        score, _ = self._scores(x_src, u_dst, n_src, beta, src, dst)
         prob, lse = softmax_by_target(score, dst, u_dst.shape[0])
         out = scatter_rows(dst, prob.unsqueeze(-1) * x_src[src], u_dst.shape[0])
         scores = torch.empty(0, 1, dtype=torch.float32)
         if return_scores:  # eid order
             scores = torch.empty(src.numel(), 1, dtype=torch.float32)
-            scores[args[3], 0] = score.float()
+            scores[args[2], 0] = score.float()
         return out.unsqueeze(1), lse.unsqueeze(1).float(), scores
 
-    def _score_grad(self, src, dst, x_src, u_dst, n_src, beta, scale, grad_out, lse):
-        score, cosine = self._scores(x_src, u_dst, n_src, beta, scale, src, dst)
+    def _score_grad(self, src, dst, x_src, u_dst, n_src, beta, grad_out, lse):
+        score, cosine = self._scores(x_src, u_dst, n_src, beta, src, dst)
         prob = torch.exp(score - lse[dst])
         dp = (grad_out[dst] * x_src[src]).sum(-1)
         return prob, dp, cosine
 
-    def attention_backward_target(self, *args):
-        (dst, src), (x_src, u_dst, n_src, beta), (grad_out, lse_in, _slope, scale, *_rest) = self._split(args)
+    def cosine_attention_backward_target(self, *args):
+        (dst, src), (x_src, u_dst, n_src, beta), (grad_out, lse_in, *_dropout) = self._split(args)
         grad_out, lse = grad_out[:, 0], lse_in[:, 0].double()
-        prob, dp, cosine = self._score_grad(src, dst, x_src, u_dst, n_src, beta, scale, grad_out, lse)
+        prob, dp, cosine = self._score_grad(src, dst, x_src, u_dst, n_src, beta, grad_out, lse)
         delta = scatter_rows(dst, prob * dp, u_dst.shape[0])
         score_grad = prob * (dp - delta[dst])
         u_src = x_src[src] / n_src.clamp_min(FLOOR)[src].unsqueeze(-1)
-        grad_unit_dst = beta * scale * scatter_rows(dst, score_grad.unsqueeze(-1) * u_src, u_dst.shape[0])
+        grad_unit_dst = beta * scatter_rows(dst, score_grad.unsqueeze(-1) * u_src, u_dst.shape[0])
         grad_beta = (score_grad * cosine).sum().reshape(1).float()
         # the source pass's row_stats: (lse, delta, 1 / max(|x_dst|, floor), 0) per (target, head)
-        inverse_norm = args[4 + self.SCHEDULE_ARGS + 4][..., 1]
+        inverse_norm = args[3 + self.SCHEDULE_ARGS + 3][..., 1]  # norm_dst's
         row_stats = torch.stack([lse_in, delta.unsqueeze(1).float(), inverse_norm, torch.zeros_like(lse_in)], -1)
         return grad_unit_dst.unsqueeze(1), grad_beta, row_stats
 
-    def attention_backward_source(self, *args):
-        (src, dst), (x_src, u_dst, n_src, beta), (grad_out, row_stats, _slope, scale, *_rest) = self._split(args)
+    def cosine_attention_backward_source(self, *args):
+        (src, dst), (x_src, u_dst, n_src, beta), (unit_grad_dst, grad_out, row_stats, *_dropout) = self._split(args)
         assert row_stats.shape == (u_dst.shape[0], 1, 4), row_stats.shape
         grad_out, lse, delta = grad_out[:, 0], row_stats[:, 0, 0].double(), row_stats[:, 0, 1].double()
-        prob, dp, _ = self._score_grad(src, dst, x_src, u_dst, n_src, beta, scale, grad_out, lse)
+        prob, dp, _ = self._score_grad(src, dst, x_src, u_dst, n_src, beta, grad_out, lse)
         score_grad = prob * (dp - delta[dst])
         grad_message = scatter_rows(src, prob.unsqueeze(-1) * grad_out[dst], x_src.shape[0])
-        grad_unit = beta * scale * scatter_rows(src, score_grad.unsqueeze(-1) * u_dst[dst], x_src.shape[0])
-        unit_grad_dst = args[4 + self.SCHEDULE_ARGS + 1]  # key_src's slot: d u_dst when x_dst is x_src
+        grad_unit = beta * scatter_rows(src, score_grad.unsqueeze(-1) * u_dst[dst], x_src.shape[0])
         if unit_grad_dst is not None:
             grad_unit = grad_unit + unit_grad_dst[:, 0]
         unit = x_src / n_src.double().clamp_min(FLOOR).unsqueeze(-1)
         grad_x = grad_message + unit_rows_backward(grad_unit, unit, n_src.double())
-        empty = torch.empty(0)
-        return grad_x.unsqueeze(1), empty, empty, empty, empty
+        return grad_x.unsqueeze(1)
 
     def attention_row_norms(self, x):
         norm = unit_rows(x)[1]

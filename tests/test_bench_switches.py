@@ -9,8 +9,8 @@ from gnnio_cli.errors import GnnioError
 
 
 def test_variant_settings_are_parsed():
-    assert switches.parse_variant("GNNIO_ATTENTION_AHEAD=0  GNNIO_ATTENTION_HOT_SHARE=0.5") == {
-        "GNNIO_ATTENTION_AHEAD": "0", "GNNIO_ATTENTION_HOT_SHARE": "0.5"}
+    assert switches.parse_variant("GNNIO_FP32_MATMUL=cublas  GNNIO_SPMM_KERNEL=csr-vec") == {
+        "GNNIO_FP32_MATMUL": "cublas", "GNNIO_SPMM_KERNEL": "csr-vec"}
     assert switches.parse_variant("") == {}
 
 

@@ -82,14 +82,13 @@ def test_matmul_split_tf32_matches_fp64(a_transposed, b_transposed, m, k, n, a_w
         check_fp32_accuracy(outputs[-1], a64.sum(1), a32.sum(1))
 
 
-@pytest.mark.parametrize("presplit", ["1", "0"], ids=["presplit", "split-in-product"])
 @pytest.mark.parametrize("b_transposed", [False, True], ids=["b", "b^T"])
 # K up to 128 with presplit B: B's n-tile stays in shared memory (gemm_resident_b_kernel)
 @pytest.mark.parametrize("k, a_widths", [(100, [68, 32]), (164, [132, 32])], ids=["k100", "k164"])
 @on_gpu
-def test_presplit_b_and_split_in_the_product_agree_with_fp64(presplit, b_transposed, k, a_widths, monkeypatch):
-    """Both ways of splitting a small B (GNNIO_SPLIT_TF32_PRESPLIT) give fp32-accurate products."""
-    monkeypatch.setenv("GNNIO_SPLIT_TF32_PRESPLIT", presplit)
+def test_small_b_split_before_the_product_agrees_with_fp64(b_transposed, k, a_widths):
+    """A small B (at most 1/16 of A: split into its TF32 halves once, before the product, where the
+    kernel runs the warpgroup MMAs) gives fp32-accurate products."""
     generator = torch.Generator().manual_seed(29 + b_transposed + k)
     a64 = torch.randn(5003, k, dtype=torch.float64, generator=generator)
     b64 = torch.randn(k, 260, dtype=torch.float64, generator=generator)

@@ -1,4 +1,4 @@
-"""The fused CUDA attention kernels (native/attention.cu) against the fp64 reference ops.
+"""The fused CUDA attention kernels (native/attention/) against the fp64 reference ops.
 
 Every case runs the public op twice: with the native backend on the inputs'
 dtype, and with the reference backend on the same values upcast to fp64 (the
@@ -524,7 +524,7 @@ def test_edge_balanced_forward_with_dropout_uses_the_fused_mask():
 
 def op_arguments(kind="gatv2", seed=5):
     """(graph, call, tensors) for calling the GATv2 or Dot kind's native ops directly, 2 heads x 8, on
-    small_graph."""
+    small_graph; tensors: the ops' tensor arguments, (x_src, x_dst, att, edge) or (query, key, value, edge)."""
     graph = small_graph().to("cuda")
     inputs = {name: t.detach() for name, t in make_inputs(kind, graph, 2, 8, torch.float32, seed=seed).items()}
     gatv2 = kind == "gatv2"
@@ -534,17 +534,18 @@ def op_arguments(kind="gatv2", seed=5):
         weights_after_dropout=gatv2,
     )  # fmt: skip
     if gatv2:
-        tensors = (inputs["x_src"], None, inputs["x_dst"], None, None, inputs["att"], None)
+        tensors = (inputs["x_src"], inputs["x_dst"], inputs["att"], None)
     else:
-        tensors = (inputs["value"], inputs["key"], inputs["query"], None, None, None, None)
+        tensors = (inputs["query"], inputs["key"], inputs["value"], None)
     return graph, call, tensors
 
 
 def test_edge_balanced_op_checks_slot_rows():
     graph, call, tensors = op_arguments()
-    with pytest.raises(RuntimeError, match=r"attention_forward_edge_balanced: slot_rows must be a contiguous int32"):
-        torch.ops.gnnio.attention_forward_edge_balanced(
-            attention_native.GATV2, *call.plan.csr_args, *tensors, *call.score_args(), 0,
+    with pytest.raises(RuntimeError,
+                       match=r"gatv2_attention_forward_edge_balanced: slot_rows must be a contiguous int32"):
+        torch.ops.gnnio.gatv2_attention_forward_edge_balanced(
+            *call.plan.csr_args, *tensors, *call.score_args(), 0,
             torch.zeros(graph.num_edges, dtype=torch.int64, device="cuda"),
         )
 
@@ -744,15 +745,6 @@ def test_row_dots_column_sums_match_fp64(heads, channels, aligned, dtype):
         torch.ops.gnnio.attention_row_dots(a.new_ones(4, 2, 33), a.new_ones(4, 2, 33), None, None, True)
 
 
-def test_target_from_edges_refuses_other_kinds():
-    graph, call, tensors = op_arguments()
-    edge_grads = torch.ones(graph.num_edges, 2, device="cuda")
-    with pytest.raises(RuntimeError, match=r"attention_backward_target_from_edges: kind must be 0 \(GAT\) or 2"):
-        torch.ops.gnnio.attention_backward_target_from_edges(
-            attention_native.GATV2, *call.plan.csr_args, *tensors, edge_grads, attention_native.edge_grad_slots(graph)
-        )
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,channels", [(3, 33), (4, 32), (2, 16)])
 @pytest.mark.parametrize("kind", ["gat", "gatv2"])
@@ -782,78 +774,87 @@ def test_output_bias_added_at_the_store(kind, heads, channels, dtype):
 
 # ------------------------------------------- Dot's passes gathered ahead, L2 hints
 def hot_share_for(graph, hot_nodes, row_bytes):
-    """The GNNIO_ATTENTION_HOT_SHARE that leaves about `hot_nodes` nodes unmarked in the forward's hints."""
+    """The HOT_L2_SHARE that leaves about `hot_nodes` nodes unmarked in the forward's hints."""
     l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
-    return f"{hot_nodes * 2 * row_bytes / l2_bytes:.8f}"
+    return hot_nodes * 2 * row_bytes / l2_bytes
+
+
+def general_forward(kind, graph, inputs, **options):
+    """The forward's output from the general build (per-step gathers, every per-edge path compiled in):
+    asking for the attention weights keeps a call off the plain and gather-ahead builds."""
+    with dispatch.use_backend("native"), torch.no_grad():
+        dispatch.reset()
+        out, _ = getattr(attention_ops, f"{kind}_attention")(graph, **inputs, return_attention=True, **options)
+        assert "fused" in dispatch.ran()[f"{kind}_attention"]
+    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("ahead", ["1", "0"], ids=["gathered-ahead", "per-step"])
 @pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (2, 64)])
-def test_dot_passes_gathered_ahead_or_per_step_match_the_oracle(heads, channels, ahead, dtype, monkeypatch):
+def test_dot_passes_gathered_ahead_match_the_oracle(heads, channels, dtype, monkeypatch):
     """Dot's passes without edge features gather ahead through shared memory (4-wide; the 16-bit forward
-    8-wide, two edge groups per warp), with L2 hints on most rows here (GNNIO_ATTENTION_AHEAD=0 runs the
-    per-step passes): both must match the fp64 reference (16-bit: within twice torch's error) on the hub
-    graph, split rows and empty rows included."""
-    monkeypatch.setenv("GNNIO_ATTENTION_AHEAD", ahead)
+    8-wide, two edge groups per warp), with L2 hints on most rows here: they must match the fp64 reference
+    (16-bit: within twice torch's error) on the hub graph, split rows and empty rows included, and the
+    forward's output the general build's to rounding."""
     graph = small_graph().to("cuda")
     element = torch.empty((), dtype=dtype).element_size()
-    monkeypatch.setenv("GNNIO_ATTENTION_HOT_SHARE", hot_share_for(graph, 100, heads * channels * element))
+    monkeypatch.setattr(attention_native, "HOT_L2_SHARE", hot_share_for(graph, 100, heads * channels * element))
     inputs = make_inputs("transformer", graph, heads, channels, dtype, seed=61 + heads)
     if dtype == torch.float32:
         check_against_oracle("transformer", graph, inputs)
-        return
-    check_16bit_against_oracle("transformer", graph, inputs)
+    else:
+        check_16bit_against_oracle("transformer", graph, inputs)
+    ahead, _ = run("transformer", graph, inputs, "native")
+    tolerance = FP32_TOLERANCE if dtype == torch.float32 else 1e-2  # the same sums, not in the same order
+    assert relative_error(ahead.float(), general_forward("transformer", graph, inputs).float()) <= tolerance
 
 
 @pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (2, 12), (8, 8), (1, 128)])
-def test_gat_fp32_forward_gathered_ahead_matches_the_oracle_and_the_per_step_pass(heads, channels, monkeypatch):
+def test_gat_fp32_forward_gathered_ahead_matches_the_oracle_and_the_per_step_pass(heads, channels):
     """GAT's fp32 forward without edge features or dropout gathers x_src and alpha_src ahead through shared
-    memory (GNNIO_ATTENTION_AHEAD=0: the per-step pass): output and gradients against the fp64 reference on
-    the hub graph (split rows and empty rows included), and the output equal to the per-step pass's, whose
-    arithmetic it repeats in the same order."""
+    memory: output and gradients against the fp64 reference on the hub graph (split rows and empty rows
+    included), and the output equal to the general per-step pass's, whose arithmetic it repeats in the
+    same order."""
     graph = small_graph().to("cuda")
     inputs = make_inputs("gat", graph, heads, channels, torch.float32, seed=83 + heads)
     check_against_oracle("gat", graph, inputs)
     ahead, _ = run("gat", graph, inputs, "native")
-    monkeypatch.setenv("GNNIO_ATTENTION_AHEAD", "0")
-    per_step, _ = run("gat", graph, inputs, "native")
+    per_step = general_forward("gat", graph, inputs, negative_slope=0.2)
     assert relative_error(ahead, per_step) <= 1e-6
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,channels", [(4, 32), (3, 32), (5, 32), (2, 24), (2, 64), (1, 128), (3, 16), (2, 8)])
-def test_gat_16bit_forward_plain_build_matches_the_oracle_and_the_general_build(heads, channels, dtype, monkeypatch):
+def test_gat_16bit_forward_plain_build_matches_the_oracle_and_the_general_build(heads, channels, dtype):
     """GAT's 16-bit forward without dropout, edge features or returned scores runs a build without their
-    code (GNNIO_ATTENTION_PLAIN=0: the general build): output and gradients against the fp64 reference on
-    the hub graph (split rows and empty rows included; a warp's heads all used, in part, or over several
-    head groups), and the output equal to the general build's, whose arithmetic it repeats in the same
-    order."""
+    code: output and gradients against the fp64 reference on the hub graph (split rows and empty rows
+    included; a warp's heads all used, in part, or over several head groups), and the output equal to the
+    general build's (a call that returns the weights), whose arithmetic it repeats in the same order."""
     graph = small_graph().to("cuda")
     inputs = make_inputs("gat", graph, heads, channels, dtype, seed=89 + heads)
     out = check_16bit_against_oracle("gat", graph, inputs)
-    monkeypatch.setenv("GNNIO_ATTENTION_PLAIN", "0")
-    general, _ = run("gat", graph, inputs, "native")
-    assert torch.equal(out.detach(), general.detach())
+    assert torch.equal(out.detach(), general_forward("gat", graph, inputs, negative_slope=0.2))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_l2_hints_change_no_result(dtype, monkeypatch):
     """The hints only choose L2's eviction policy: with a third of the nodes kept hot, the output and every
-    gradient equal those without hints bit for bit."""
+    gradient equal those without hints bit for bit (share 0, on a fresh copy of the graph: plans are
+    cached per graph)."""
     graph = small_graph().to("cuda")
     heads, channels = 4, 32
     row_bytes = heads * channels * torch.empty((), dtype=dtype).element_size()
     inputs = make_inputs("transformer", graph, heads, channels, dtype, seed=67)
-    monkeypatch.setenv("GNNIO_ATTENTION_HOT_SHARE", hot_share_for(graph, graph.num_nodes // 3, row_bytes))
+    monkeypatch.setattr(attention_native, "HOT_L2_SHARE", hot_share_for(graph, graph.num_nodes // 3, row_bytes))
     hinted = attention_native.hinted_indices(graph, "csr", 2 * row_bytes)
     rare = hinted < 0
     assert rare.any() and not rare.all()
     assert torch.equal(hinted & torch.iinfo(torch.int32).max, graph.csr_indices.to(torch.int32))
     out, _, grads = forward_backward("transformer", graph, inputs, "native")
-    monkeypatch.setenv("GNNIO_ATTENTION_HOT_SHARE", "0")
-    assert attention_native.hinted_indices(graph, "csr", 2 * row_bytes) is None
-    plain_out, _, plain_grads = forward_backward("transformer", graph, inputs, "native")
+    monkeypatch.setattr(attention_native, "HOT_L2_SHARE", 0.0)
+    unhinted_graph = small_graph().to("cuda")
+    assert attention_native.hinted_indices(unhinted_graph, "csr", 2 * row_bytes) is None
+    plain_out, _, plain_grads = forward_backward("transformer", unhinted_graph, inputs, "native")
     assert torch.equal(out, plain_out)
     for name in grads:
         assert torch.equal(grads[name], plain_grads[name]), name
@@ -889,6 +890,6 @@ def test_residual_added_at_the_store(heads, channels, dtype):
 
 def test_forward_refuses_a_residual_of_the_wrong_shape():
     _, call, tensors = op_arguments("transformer", seed=71)
-    short = tensors[2][:-1]  # a query row short
-    with pytest.raises(RuntimeError, match=r"attention_forward: residual must have shape"):
+    short = tensors[0][:-1]  # a query row short
+    with pytest.raises(RuntimeError, match=r"dot_attention_forward: residual must have shape"):
         call.forward(tensors, None, short)

@@ -45,7 +45,8 @@ def test_wheel_carries_modules_native_sources_and_sample_graphs(tmp_path):
     modules = {f"gnnio_cli/{name}" for name in relative_files(REPO / "gnnio_cli", "*.py")}
     native = {f"gnnio_cli/_native/{name}" for name in relative_files(REPO / "native")}
     samples = {f"gnnio_cli/_sample_graphs/{name}" for name in relative_files(REPO / "sample_graphs")}
-    assert {"gnnio_cli/_native/gnnio.cpp", "gnnio_cli/_sample_graphs/cora.edges.txt.gz"} <= native | samples
+    assert {"gnnio_cli/_native/gnnio.cpp", "gnnio_cli/_native/attention/gatv2.cu",
+            "gnnio_cli/_sample_graphs/cora.edges.txt.gz"} <= native | samples
     assert modules - names == set(), "modules missing from the wheel (a package not listed in pyproject.toml?)"
     assert native - names == set(), "native sources missing from the wheel"
     assert samples - names == set(), "sample graphs missing from the wheel"
@@ -61,4 +62,7 @@ def test_resources_point_at_this_checkout():
 
     assert NATIVE_DIR == REPO / "native" and SAMPLE_GRAPHS_DIR == REPO / "sample_graphs"
     assert (NATIVE_DIR / "gnnio.cpp") in native.source_files()
+    assert (NATIVE_DIR / "attention" / "gatv2.cu") in native.source_files()
+    names = [path.name for path in native.source_files()]
+    assert len(names) == len(set(names)), "the build names each object after its source's basename"
     assert catalog.SAMPLE_GRAPH.is_file()

@@ -1,4 +1,4 @@
-"""The native path of the attention ops: fused CUDA kernels (native/attention.cu) behind autograd.
+"""The native path of the attention ops: fused CUDA kernels (native/attention/) behind autograd.
 
 Each function here takes the same arguments as its public op in
 :mod:`gnnio_cli.ops.attention` (already validated there) and returns the same
@@ -32,7 +32,6 @@ attention weights carry no gradient.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,7 +48,10 @@ from gnnio_cli.ops.dense import bias_gradient
 
 GAT, GATV2, DOT, COSINE = 0, 1, 2, 3
 
-# The widest head the kernels' lane layout holds (attention.cu: 32 lanes x 8 chunks).
+# Each kind's ops are torch.ops.gnnio.<prefix>_attention_<pass> (native/attention/<prefix>.cu).
+_OP_PREFIX = {GAT: "gat", GATV2: "gatv2", DOT: "dot", COSINE: "cosine"}
+
+# The widest head the kernels' lane layout holds (native/attention/passes.cuh: 32 lanes x 8 chunks).
 MAX_CHANNELS = 256
 NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -134,33 +136,18 @@ def edge_grad_slots(graph: Graph) -> torch.Tensor:
     return graph.cached(("attention_edge_grad_slots",), lambda: slot_map(graph.csc_eid, graph.csr_eid))
 
 
-def hot_l2_share() -> float:
-    """The share of L2 that a pass's most-read rows may fill (hinted_indices): $GNNIO_ATTENTION_HOT_SHARE,
-    default HOT_L2_SHARE; 0 turns the hints off."""
-    text = os.environ.get("GNNIO_ATTENTION_HOT_SHARE")
-    if text is None:
-        return HOT_L2_SHARE
-    try:
-        share = float(text)
-    except ValueError:
-        share = -1.0
-    if not 0.0 <= share <= 1.0:
-        raise GnnioError(f"GNNIO_ATTENTION_HOT_SHARE must be a number from 0 to 1, got {text!r}")
-    return share
-
-
 def hinted_indices(graph: Graph, side: str, row_bytes: int) -> Optional[torch.Tensor]:
     """int32 [E]: the 'csr' or 'csc' neighbour ids with bit 31 set where the neighbour is rarely read, or None.
 
     A pass reads a neighbour's rows once per slot that names it. The nodes read most, as many as have rows
-    (`row_bytes` each, every row the pass gathers per edge) to fill hot_l2_share() of the device's L2,
+    (`row_bytes` each, every row the pass gathers per edge) to fill HOT_L2_SHARE of the device's L2,
     keep bit 31 clear; the kernels that gather ahead copy every other node's rows with L2's evict-first
     policy, so the rows read most stay in L2. None where ids need all 32 bits, off the GPU, or with the
     share 0. Cached on the graph per side and hot-node count.
     """
     indices = graph.csr_indices if side == "csr" else graph.csc_indices
     nodes = graph.num_src_nodes if side == "csr" else graph.num_dst_nodes
-    share = hot_l2_share()
+    share = HOT_L2_SHARE
     if share <= 0.0 or nodes >= 2**31 or indices.numel() == 0 or not indices.is_cuda:
         return None
     l2_bytes = dispatch.cuda_properties(indices.device).L2_cache_size
@@ -184,6 +171,24 @@ def mark_rarely_read(indices: torch.Tensor, nodes: int, hot: int) -> torch.Tenso
 
 
 # ----------------------------------------------------------------- autograd
+def _op(kind: int, name: str):
+    """The typed op of `kind` for pass `name` (forward, forward_edge_balanced, backward_target, backward_source,
+    backward_target_from_edges), looked up when called: the extension registers its ops when it loads."""
+    return getattr(torch.ops.gnnio, f"{_OP_PREFIX[kind]}_attention_{name}")
+
+
+def _kind_tensors(kind: int, tensors: tuple) -> tuple:
+    """The tensor arguments of `kind`'s ops from _FusedAttention's (msg_src, key_src, dst_vec, src_scalar,
+    dst_scalar, att, edge): GAT (x_src, alpha_src, alpha_dst, edge_alpha), GATv2 (x_src, x_dst, att, edge),
+    DOT (query, key, value, edge)."""
+    msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge = tensors
+    if kind == GAT:
+        return msg_src, src_scalar, dst_scalar, edge
+    if kind == GATV2:
+        return msg_src, dst_vec, att, edge
+    return dst_vec, key_src, msg_src, edge
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What every fused call of one kind, with one set of options, passes on one graph; built once per
@@ -192,12 +197,13 @@ class _Plan:
     """
 
     kind: int
-    # the graph arguments of the passes along the CSR and the CSC (see attention.cu's schemas):
+    # the graph arguments of the passes along the CSR and the CSC (see native/attention/schema.h):
     # (indptr, indices, eid, *schedule.args(), *order.args())
     csr_args: tuple
     csc_args: tuple
-    negative_slope: float
-    scale: float
+    # the score's constants that the kind's ops take: (negative_slope,) for GAT and GATv2, (scale,) for DOT,
+    # none for COSINE
+    score: tuple
     return_scores: int  # 0 none, 1 raw scores, 2 raw scores with -inf where dropped
     schedule_name: str  # what `gnnio run` shows
     slot_rows: Optional[torch.Tensor] = None  # set: the edge-balanced forward (its score phase's row map)
@@ -223,21 +229,25 @@ class _Call:
 
     def forward(self, tensors: tuple, bias: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> tuple:
-        """(out, lse, scores) of the forward op this call's schedule names; out + bias [H, C] + residual
-        [Nd, H, C] where given."""
+        """(out, lse, scores) of the kind's forward op that this call's schedule names, over the op's tensor
+        arguments (_kind_tensors; COSINE: _cosine_tensors); out + bias [H, C] (GAT, GATv2) or + residual
+        [Nd, H, C] (DOT) where given."""
         plan = self.plan
+        if bias is not None and plan.kind not in (GAT, GATV2):
+            raise GnnioError(f"bias: only GAT's and GATv2's attention add an output bias, not kind {plan.kind}")
+        if residual is not None and plan.kind != DOT:
+            raise GnnioError(f"residual: only the Transformer's attention adds a skip connection, not kind {plan.kind}")
+        store = {GAT: (bias,), GATV2: (bias,), DOT: (residual,), COSINE: ()}[plan.kind]
         if plan.slot_rows is None:
-            return torch.ops.gnnio.attention_forward(
-                plan.kind, *plan.csr_args, *tensors, *self.score_args(), plan.return_scores, bias, plan.hinted_csr,
-                residual,
-            )
-        return torch.ops.gnnio.attention_forward_edge_balanced(
-            plan.kind, *plan.csr_args, *tensors, *self.score_args(), plan.return_scores, plan.slot_rows, bias,
-            residual,
-        )
+            hints = (plan.hinted_csr,) if plan.kind == DOT else ()
+            return _op(plan.kind, "forward")(*plan.csr_args, *tensors, *self.score_args(), plan.return_scores,
+                                             *store, *hints)
+        return _op(plan.kind, "forward_edge_balanced")(*plan.csr_args, *tensors, *self.score_args(),
+                                                       plan.return_scores, plan.slot_rows, *store)
 
     def score_args(self) -> tuple:
-        return self.plan.negative_slope, self.plan.scale, self.dropout, self.seed, self.offset
+        """The score and dropout arguments of the kind's ops: (*plan.score, dropout, seed, offset)."""
+        return *self.plan.score, self.dropout, self.seed, self.offset
 
 
 def _source_first(kind: int, dtype: torch.dtype) -> bool:
@@ -273,7 +283,7 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: _Call, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge, bias, residual):
         tensors = (msg_src, key_src, dst_vec, src_scalar, dst_scalar, att, edge)
-        out, lse, scores = call.forward(tensors, bias, residual)
+        out, lse, scores = call.forward(_kind_tensors(call.plan.kind, tensors), bias, residual)
         ctx.call = call
         # GAT and DOT take delta = <grad_out, out - bias - residual> from the output itself (see _source_first)
         source_first = _source_first(call.plan.kind, msg_src.dtype)
@@ -293,39 +303,47 @@ class _FusedAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         # the bias gradient (grad_out's column sums) from the row dots' read of grad_out where they run
         bias_in_row_dots = out is not None and ctx.needs_input_grad[8] and grad_out.shape[2] <= MAX_ROW_DOTS_BIAS
+        kind, typed, csr, csc = plan.kind, _kind_tensors(plan.kind, tensors), plan.csr_args, plan.csc_args
+        grad_key = grad_src_scalar = grad_att = None
         if out is not None:
-            # (lse, delta) side by side, as the source pass gathers them per edge
+            # (lse, delta) side by side, as the source pass gathers them
             row_stats, bias_sums = torch.ops.gnnio.attention_row_dots(
                 grad_out, out, bias, lse, bias_in_row_dots, residual
             )
-            packed = None
-            if plan.pack_gradients:
-                # rows of (d x_src, d alpha_src, d alpha_dst), which the kernels write in place: a layer that
-                # projected all three from one x takes x's gradient in one GEMM over them (GATConv)
-                rows, heads, channels = tensors[0].shape
-                packed = grad_out.new_empty(rows, heads * channels + 2 * heads)
-            grad_msg, grad_key, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.attention_backward_source(
-                plan.kind, *plan.csc_args, *tensors, grad_out, row_stats, *call.score_args(), True, packed,
-                plan.hinted_csc,
-            )
-            grad_dst = torch.ops.gnnio.attention_backward_target_from_edges(
-                plan.kind, *plan.csr_args, *tensors, edge_grads, edge_grad_slots(call.graph), packed,
-                plan.hinted_target,
-            )
-            grad_att = None
+            if kind == GAT:
+                packed = None
+                if plan.pack_gradients:
+                    # rows of (d x_src, d alpha_src, d alpha_dst), which the kernels write in place: a layer that
+                    # projected all three from one x takes x's gradient in one GEMM over them (GATConv)
+                    rows, heads, channels = tensors[0].shape
+                    packed = grad_out.new_empty(rows, heads * channels + 2 * heads)
+                grad_msg, grad_src_scalar, grad_edge, edge_grads = torch.ops.gnnio.gat_attention_backward_source(
+                    *csc, *typed, grad_out, row_stats, *call.score_args(), True, packed)
+                grad_dst = torch.ops.gnnio.gat_attention_backward_target_from_edges(
+                    *csr, *typed, edge_grads, edge_grad_slots(call.graph), packed)
+            else:
+                grad_msg, grad_key, grad_edge, edge_grads = torch.ops.gnnio.dot_attention_backward_source(
+                    *csc, *typed, grad_out, row_stats, *call.score_args(), True, plan.hinted_csc)
+                grad_dst = torch.ops.gnnio.dot_attention_backward_target_from_edges(
+                    *csr, *typed, edge_grads, edge_grad_slots(call.graph), plan.hinted_target)
         else:
             # row_stats: (lse, delta) per (target, head), as the source pass gathers them
-            grad_dst, grad_att, row_stats = torch.ops.gnnio.attention_backward_target(
-                plan.kind, *plan.csr_args, *tensors, grad_out, lse, *call.score_args()
-            )
-            grad_msg, grad_key, grad_src_scalar, grad_edge, _ = torch.ops.gnnio.attention_backward_source(
-                plan.kind, *plan.csc_args, *tensors, grad_out, row_stats, *call.score_args(), False, None,
-                plan.hinted_csc,
-            )
+            grad_dst, *grad_att, row_stats = _op(kind, "backward_target")(*csr, *typed, grad_out, lse,
+                                                                           *call.score_args())
+            grad_att = grad_att[0] if grad_att else None  # GATv2's alone
+            source = _op(kind, "backward_source")
+            if kind == GAT:
+                grad_msg, grad_src_scalar, grad_edge, _ = source(*csc, *typed, grad_out, row_stats,
+                                                                 *call.score_args(), False)
+            elif kind == GATV2:
+                grad_msg, grad_edge = source(*csc, *typed, grad_out, row_stats, *call.score_args())
+            else:
+                grad_msg, grad_key, grad_edge, _ = source(*csc, *typed, grad_out, row_stats, *call.score_args(),
+                                                          False, plan.hinted_csc)
         has_edge = tensors[6] is not None
-        if plan.kind == GAT:
+        if kind == GAT:
             grads = (grad_msg, None, None, grad_src_scalar, grad_dst, None, grad_edge if has_edge else None)
-        elif plan.kind == GATV2:
+        elif kind == GATV2:
             grads = (grad_msg, None, grad_dst, None, None, grad_att, grad_edge if has_edge else None)
         else:
             grads = (grad_msg, grad_key, grad_dst, None, None, None, grad_edge if has_edge else None)
@@ -359,10 +377,8 @@ def _make_call(
     negative_slope, scale = float(negative_slope), float(scale)
     return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
     pack_gradients = pack_gradients and kind == GAT and graph.num_src_nodes == graph.num_dst_nodes
-    # DOT's hints depend on the environment's share of L2 (read on every call, so a change takes effect)
-    hot_share = hot_l2_share() if kind == DOT else None
     key = ("attention_plan", kind, forced, negative_slope, scale, return_scores, pack_gradients,
-           row_bytes if kind == DOT else 0, hot_share)
+           row_bytes if kind == DOT else 0)
     plan = graph.cached(key, lambda: _build_plan(kind, graph, forced, negative_slope, scale, return_scores,
                                                  pack_gradients, row_bytes))
     dropout = float(dropout) if training else 0.0
@@ -383,10 +399,11 @@ def _build_plan(kind: int, graph: Graph, forced: Schedule, negative_slope: float
     # DOT's passes gather two rows per edge (forward: key and value; source pass: grad_out and query), its
     # target pass one (key)
     dot = kind == DOT
+    score = {GAT: (negative_slope,), GATV2: (negative_slope,), DOT: (scale,), COSINE: ()}[kind]
     return _Plan(kind,
                  (graph.csr_indptr, graph.csr_indices, graph.csr_eid, *csr.args(), *csr_order.args()),
                  (graph.csc_indptr, graph.csc_indices, graph.csc_eid, *csc.args(), *csc_order.args()),
-                 negative_slope, scale, return_scores, name, slot_map, pack_gradients,
+                 score, return_scores, name, slot_map, pack_gradients,
                  hinted_indices(graph, "csr", 2 * row_bytes) if dot else None,
                  hinted_indices(graph, "csc", 2 * row_bytes) if dot else None,
                  hinted_indices(graph, "csr", row_bytes) if dot else None)
@@ -457,7 +474,7 @@ def transformer_attention(graph, query, key, value, edge_feat, dropout, training
 class _CosineAttention(torch.autograd.Function):
     """(x_src [Ns, 1, C], x_dst [Nd, 1, C] or None when it is x_src, beta) -> (out [Nd, 1, C], lse, scores).
 
-    AGNN through the kernels' Cosine kind (attention.cu's header has the
+    AGNN through the kernels' Cosine kind (native/attention/passes.cuh's header has the
     derivation): forward takes the fp32 norm of each row and its inverse
     1 / max(norm, 1e-12) in one pass; the kernels read the rows themselves
     (exact in every dtype) with them,
@@ -493,13 +510,13 @@ class _CosineAttention(torch.autograd.Function):
         tensors = _cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32)
         grad_out = grad_out.contiguous()
         # row_stats: (lse, delta, 1 / max(|x_dst|, 1e-12), 0) per target, as the source pass gathers them
-        grad_unit_dst, grad_beta, row_stats = torch.ops.gnnio.attention_backward_target(
-            COSINE, *call.plan.csr_args, *tensors, grad_out, lse, *call.score_args()
+        grad_unit_dst, grad_beta, row_stats = torch.ops.gnnio.cosine_attention_backward_target(
+            *call.plan.csr_args, *tensors, grad_out, lse, *call.score_args()
         )
-        # The source pass returns d x_src whole; when x_dst is x_src it also takes d u_dst (key_src's slot).
-        source_tensors = (x_src, grad_unit_dst if ctx.shared else None, *tensors[2:])
-        grad_src, *_ = torch.ops.gnnio.attention_backward_source(
-            COSINE, *call.plan.csc_args, *source_tensors, grad_out, row_stats, *call.score_args(), False
+        # The source pass returns d x_src whole; when x_dst is x_src it also takes d u_dst.
+        grad_src = torch.ops.gnnio.cosine_attention_backward_source(
+            *call.plan.csc_args, *tensors, grad_unit_dst if ctx.shared else None, grad_out, row_stats,
+            *call.score_args()
         )
         grad_dst = None
         if not ctx.shared:
@@ -508,8 +525,9 @@ class _CosineAttention(torch.autograd.Function):
 
 
 def _cosine_tensors(x_src, norm_src, x_dst, norm_dst, beta_f32) -> tuple:
-    """The kernels' tensor arguments for the Cosine kind (see attention.cu's schema comment)."""
-    return x_src, None, x_dst, norm_src, norm_dst, beta_f32, None
+    """The tensor arguments of the cosine ops (native/attention/cosine.cu): (x_src, x_dst, norm_src, norm_dst,
+    beta)."""
+    return x_src, x_dst, norm_src, norm_dst, beta_f32
 
 
 def agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attention):

@@ -33,11 +33,9 @@ Every layer's Linear maps go through here (``nn.linear``). Two implementations:
   against 1.52 ms for the forward (53% of the work used), 1.06 against 1.06
   for x's gradient (85%), 1.29 against 1.05 for the weight gradients (53%)
   (H100, tests/perf/projections.py on x [1M, 128]).
-  ``GNNIO_SPLIT_TF32_WGMMA=0`` keeps the kernel on mma.sync on H100/H200 (to
-  compare the two). There a B at most 1/16 of A's size (the weights, in the
-  forward and the input gradient) is split into its TF32 halves once, before
-  the product; ``GNNIO_SPLIT_TF32_PRESPLIT=0`` splits it inside the product
-  instead (to compare).
+  On H100/H200 the kernel runs the warpgroup MMAs, and there a B at most 1/16
+  of A's size (the weights, in the forward and the input gradient) is split
+  into its TF32 halves once, before the product.
 - ``split-tf32``: the kernel wherever it can take the product.
 - ``cublas``: torch's GEMMs always (bit for bit what F.linear gives).
 

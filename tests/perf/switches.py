@@ -1,16 +1,14 @@
 """gnnio's kernel switches timed side by side, in one process.
 
-The native kernels read a few environment switches per call
-(GNNIO_ATTENTION_AHEAD=0: the passes that gather per step instead of ahead;
-GNNIO_ATTENTION_PLAIN=0: GAT's general 16-bit forward instead of its plain
-build; GNNIO_ATTENTION_HOT_SHARE=0: no L2 hints). This times each layer's
+A few environment settings choose among gnnio's kernels (GNNIO_SPMM_KERNEL,
+GNNIO_EXTREMUM_KERNEL, GNNIO_FP32_MATMUL). This times each layer's
 aggregation under each variant, the variants interleaved round by round, so
 that what drifts between machines and over a run falls on all of them alike:
 a change to a kernel is judged by its ratio to the variant it replaces, not
 by absolute times from different runs.
 
-    python tests/perf/switches.py --graph rmat20 --layer gatv2,transformer --dtype bf16 \\
-        --variant GNNIO_ATTENTION_AHEAD=0 --variant GNNIO_ATTENTION_AHEAD=1
+    python tests/perf/switches.py --graph rmat20 --layer gat,transformer \\
+        --variant GNNIO_FP32_MATMUL=cublas --variant GNNIO_FP32_MATMUL=split-tf32
 
 A variant is a space-separated list of NAME=VALUE settings ("" leaves the
 environment as it is).

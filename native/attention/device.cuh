@@ -1,4 +1,4 @@
-// Device helpers of the fused attention kernels (attention.cu): the lane
+// Device helpers of the fused attention kernels (native/attention/): the lane
 // layout over heads and channels, conversion of gathered elements to fp32,
 // reductions inside one head's lane group, the LeakyReLU pair and the
 // counter-based dropout mask.
@@ -207,7 +207,7 @@ __device__ __forceinline__ void copy_ahead_wait() {
 }
 
 // x rounded to T and back to fp32 (x itself for fp32): GATv2's 16-bit score
-// terms (attention.cu's gatv2_hidden).
+// terms (passes.cuh's gatv2_hidden).
 template <typename T>
 __device__ __forceinline__ float rounded(float x) {
   if constexpr (std::is_same<T, float>::value) {
