@@ -392,6 +392,22 @@ def test_gat_on_the_batch_graph_equals_gat_on_its_edge_index(graph):
     assert_close(layer(batch.x, batch.graph), layer(batch.x, batch.edge_index))
 
 
+def test_an_uncached_batch_graph_shares_the_arrays_and_builds_the_rest_again(graph):
+    """Graph.uncached (what gnnio compare hands a step as a new batch): the same arrays, the loader's facts and
+    CSR rows kept, every structure a layer built gone, and a layer on it gives the same output."""
+    batch = next(iter(NeighborLoader(graph, [10, 5], batch_size=40, seed=2, x=randn(graph.num_nodes, 16))))
+    torch.manual_seed(0)
+    layer = GATConv(16, 8, heads=2)
+    expected = layer(batch.x, batch.graph)
+    loaded = set(batch.graph.uncached()._cache)
+    assert loaded and loaded <= {"facts", "csr_rows"} and len(batch.graph._cache) > len(loaded)
+    fresh = batch.graph.uncached()
+    assert fresh.csr_indices is batch.graph.csr_indices and fresh.csc_eid is batch.graph.csc_eid
+    assert fresh.facts is batch.graph.facts
+    assert_close(layer(batch.x, fresh), expected)
+    assert set(batch.graph._cache) > set(fresh.uncached()._cache)
+
+
 def test_pyg_layers_take_the_batches():
     """PyG's own GATConv on a gnnio batch equals gnnio's on the batch graph (same weights)."""
     from torch_geometric.nn import GATConv as PygGATConv

@@ -15,7 +15,7 @@ name, device and dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import numba
@@ -264,6 +264,13 @@ class Graph:
             with torch.inference_mode(False), torch.no_grad():
                 found = self._cache[key] = build()
         return found
+
+    def uncached(self) -> "Graph":
+        """The same arrays with only what a loader counts when it builds a graph cached (its facts and CSR
+        rows): the graph as a new batch hands it to a layer, every other structure still to build. Timing
+        a step on it (gnnio compare's mini-batch mode) measures the per-graph set-up a training step pays."""
+        kept = {key: self._cache[key] for key in ("facts", "csr_rows") if key in self._cache}
+        return replace(self, _cache=kept)
 
     def to(self, device) -> "Graph":
         """The same graph on `device` (copies cached per device)."""
