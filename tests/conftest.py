@@ -2,6 +2,12 @@
 
 import pytest
 import torch
+import torch._inductor.config
+
+# Inductor compiles in a pool of subprocesses, one pool per test process: under pytest-xdist (the GPU suite
+# runs with -n 16) that is hundreds of processes, which oversubscribe the machine and can hold a worker at
+# exit. The tests compile small graphs; one thread per process compiles them as fast.
+torch._inductor.config.compile_threads = 1
 
 
 @pytest.fixture(scope="module")
