@@ -669,6 +669,25 @@ def test_kernel_choice_forced_single_and_cached(monkeypatch):
     assert choose(("a", "b"), chosen={"k": "b"}) == "b"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_timed_choice_counts_the_hosts_time_to_issue_a_call():
+    """ops.tuning.fastest: a call the GPU runs at once but the host takes 5 ms to issue loses to one the GPU
+    takes about 1 ms over (a mini-batch's step waits on the host, not on the GPU)."""
+    import time
+
+    from gnnio_cli.ops.tuning import fastest
+
+    def run(kernel):
+        if kernel == "host-heavy":
+            time.sleep(0.005)
+            torch.cuda._sleep(1000)
+        else:
+            torch.cuda._sleep(1_500_000)
+
+    assert fastest(("host-heavy", "gpu-heavy"), run) == "gpu-heavy"
+    assert fastest(("gpu-heavy", "host-heavy"), run) == "gpu-heavy"
+
+
 # ------------------------------------- the attention passes' L2 hints (attention_native.mark_rarely_read)
 @pytest.mark.parametrize("hot", [0, 1, 3, 50])
 def test_mark_rarely_read_keeps_the_most_read_nodes(hot):
