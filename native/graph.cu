@@ -21,6 +21,9 @@
 // row_plan(indptr, tile_edges, heavy_rows, tiles, max_degree)
 //   -> (tile_row, tile_start, heavy_rows, heavy_tile_ptr, light_bounds):
 //   graph/schedule.py's build_row_plan, its counts given by the graph's facts;
+//   its rows by descending degree (ties by row) from a counting sort in three
+//   launches where the longest row is short and the rows few (a mini-batch's
+//   graph), from a device radix sort otherwise;
 // slot_map(to_eid, from_eid) -> int64 [E]: the slot of to_eid holding each
 //   slot's edge of from_eid (the CSC slot of each CSR slot).
 #include "common.cuh"
@@ -286,6 +289,92 @@ __global__ void fill_tiles_kernel(const int64_t* __restrict__ indptr, const int6
   }
 }
 
+// The counting sort of the rows by descending degree (ties by row), where max_degree < kCountingBins and
+// rows <= kCountingMaxRows: the histogram of each chunk of kChunkRows rows, the position of each (degree,
+// chunk) pair, then a stable scatter. Its launches replace a radix sort's (a dozen with the id fill and the
+// key copy), which a mini-batch step pays on the host for every new graph.
+constexpr int64_t kCountingBins = 1024;
+constexpr int64_t kCountingMaxRows = int64_t{1} << 22;
+constexpr int kChunkRows = 1024;
+
+__device__ __forceinline__ int64_t row_degree_bin(const int64_t* __restrict__ indptr, int64_t row, int bins) {
+  // max_degree bounds every degree (the graph's facts); the clamp only keeps a wrong bound inside the counts
+  return min(indptr[row + 1] - indptr[row], static_cast<int64_t>(bins - 1));
+}
+
+// counts[bin * chunks + chunk]: rows of the chunk with degree bin
+__global__ void degree_histogram_kernel(const int64_t* __restrict__ indptr, int64_t rows, int bins, int64_t chunks,
+                                        int64_t* __restrict__ counts) {
+  __shared__ int hist[kCountingBins];
+  for (int bin = threadIdx.x; bin < bins; bin += blockDim.x) hist[bin] = 0;
+  __syncthreads();
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunkRows, end = min(rows, begin + kChunkRows);
+  for (int64_t row = begin + threadIdx.x; row < end; row += blockDim.x) atomicAdd(&hist[row_degree_bin(indptr, row, bins)], 1);
+  __syncthreads();
+  for (int bin = threadIdx.x; bin < bins; bin += blockDim.x) counts[bin * chunks + blockIdx.x] = hist[bin];
+}
+
+// One block: counts become the first position of each (degree, chunk) pair in the descending order, i.e.
+// the rows of every larger degree, then this degree's rows in the chunks before.
+__global__ void degree_positions_kernel(int64_t* __restrict__ counts, int bins, int64_t chunks) {
+  __shared__ int64_t totals[kCountingBins];
+  for (int bin = threadIdx.x; bin < bins; bin += blockDim.x) {
+    int64_t running = 0;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t count = counts[bin * chunks + chunk];
+      counts[bin * chunks + chunk] = running;
+      running += count;
+    }
+    totals[bin] = running;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // at most kCountingBins sums: the larger degrees' rows come first
+    int64_t before = 0;
+    for (int bin = bins - 1; bin >= 0; --bin) {
+      const int64_t total = totals[bin];
+      totals[bin] = before;
+      before += total;
+    }
+  }
+  __syncthreads();
+  for (int bin = threadIdx.x; bin < bins; bin += blockDim.x)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) counts[bin * chunks + chunk] += totals[bin];
+}
+
+// One warp per chunk takes its rows in order, 32 at a time: rows of one degree get consecutive positions
+// in row order (a stable sort). Position p < heavy_rows is a heavy row; the others are light rows, written
+// with their bounds as light_bounds_kernel writes them.
+__global__ void degree_scatter_kernel(const int64_t* __restrict__ indptr, int64_t rows, int bins, int64_t chunks,
+                                      const int64_t* __restrict__ positions, int64_t heavy_rows,
+                                      int64_t* __restrict__ heavy, int64_t* __restrict__ bounds) {
+  __shared__ int64_t cursor[kCountingBins];
+  const int lane = threadIdx.x;
+  for (int bin = lane; bin < bins; bin += kWarp) cursor[bin] = positions[bin * chunks + blockIdx.x];
+  __syncwarp();
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunkRows, end = min(rows, begin + kChunkRows);
+  const unsigned lanes_before = (1u << lane) - 1u;
+  for (int64_t first = begin; first < end; first += kWarp) {
+    const int64_t row = first + lane;
+    const bool active = row < end;
+    const int bin = active ? static_cast<int>(row_degree_bin(indptr, row, bins)) : -1 - lane;  // idle lanes alone
+    const unsigned peers = __match_any_sync(kFullMask, bin);
+    if (active) {
+      const int64_t position = cursor[bin] + __popc(peers & lanes_before);
+      if (position < heavy_rows) {
+        heavy[position] = row;
+      } else {
+        int64_t* out = bounds + 3 * (position - heavy_rows);
+        out[0] = row;
+        out[1] = indptr[row];
+        out[2] = indptr[row + 1];
+      }
+    }
+    __syncwarp();
+    if (active && lane == __ffs(peers) - 1) cursor[bin] += __popc(peers);
+    __syncwarp();
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> row_plan(const at::Tensor& indptr,
                                                                                 int64_t tile_edges, int64_t heavy_rows,
                                                                                 int64_t tiles, int64_t max_degree) {
@@ -297,29 +386,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> row_plan(
               ", ", heavy_rows, ", ", tiles);
   const c10::cuda::CUDAGuard guard(indptr.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  // A stable sort by descending degree on the narrowest key: a radix sort makes one pass per key byte.
-  const at::ScalarType key_type =
-      max_degree < (int64_t{1} << 15) ? at::kShort : (max_degree < (int64_t{1} << 31) ? at::kInt : at::kLong);
-  at::Tensor keys = at::empty({rows}, indptr.options().dtype(key_type));
-  if (rows > 0) {
-    const int64_t* degrees_of = indptr.data_ptr<int64_t>();
-    if (key_type == at::kShort) {
-      degree_keys_kernel<int16_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int16_t>());
-    } else if (key_type == at::kInt) {
-      degree_keys_kernel<int32_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int32_t>());
-    } else {
-      degree_keys_kernel<int64_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int64_t>());
+  at::Tensor heavy, bounds;
+  if (rows > 0 && max_degree < kCountingBins && rows <= kCountingMaxRows) {
+    const int bins = static_cast<int>(max_degree + 1);
+    const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+    at::Tensor positions = at::empty({bins * chunks}, indptr.options());
+    heavy = at::empty({heavy_rows}, indptr.options());
+    bounds = at::empty({rows - heavy_rows, 3}, indptr.options());
+    degree_histogram_kernel<<<chunks, kThreads, 0, stream>>>(indptr.data_ptr<int64_t>(), rows, bins, chunks,
+                                                             positions.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    degree_positions_kernel<<<1, static_cast<int>(kCountingBins), 0, stream>>>(positions.data_ptr<int64_t>(), bins,
+                                                                              chunks);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    degree_scatter_kernel<<<chunks, kWarp, 0, stream>>>(indptr.data_ptr<int64_t>(), rows, bins, chunks,
+                                                        positions.data_ptr<int64_t>(), heavy_rows,
+                                                        heavy.data_ptr<int64_t>(), bounds.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else {
+    // A stable sort by descending degree on the narrowest key: a radix sort makes one pass per key byte.
+    const at::ScalarType key_type =
+        max_degree < (int64_t{1} << 15) ? at::kShort : (max_degree < (int64_t{1} << 31) ? at::kInt : at::kLong);
+    at::Tensor keys = at::empty({rows}, indptr.options().dtype(key_type));
+    if (rows > 0) {
+      const int64_t* degrees_of = indptr.data_ptr<int64_t>();
+      if (key_type == at::kShort) {
+        degree_keys_kernel<int16_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int16_t>());
+      } else if (key_type == at::kInt) {
+        degree_keys_kernel<int32_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int32_t>());
+      } else {
+        degree_keys_kernel<int64_t><<<blocks_for(rows), kThreads, 0, stream>>>(degrees_of, rows, keys.data_ptr<int64_t>());
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  const at::Tensor by_degree = std::get<1>(at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/true));
-  const at::Tensor heavy = by_degree.narrow(0, 0, heavy_rows);
-  const at::Tensor light = by_degree.narrow(0, heavy_rows, rows - heavy_rows);
-  at::Tensor bounds = at::empty({rows - heavy_rows, 3}, indptr.options());
-  if (light.numel() > 0) {
-    light_bounds_kernel<<<blocks_for(light.numel()), kThreads, 0, stream>>>(
-        indptr.data_ptr<int64_t>(), light.data_ptr<int64_t>(), light.numel(), bounds.data_ptr<int64_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const at::Tensor by_degree = std::get<1>(at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/true));
+    heavy = by_degree.narrow(0, 0, heavy_rows).contiguous();
+    const at::Tensor light = by_degree.narrow(0, heavy_rows, rows - heavy_rows);
+    bounds = at::empty({rows - heavy_rows, 3}, indptr.options());
+    if (light.numel() > 0) {
+      light_bounds_kernel<<<blocks_for(light.numel()), kThreads, 0, stream>>>(
+          indptr.data_ptr<int64_t>(), light.data_ptr<int64_t>(), light.numel(), bounds.data_ptr<int64_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
   }
   at::Tensor heavy_tile_ptr = at::zeros({heavy_rows + 1}, indptr.options());
   at::Tensor tile_row = at::empty({heavy_rows ? tiles : 0}, indptr.options());
@@ -336,7 +444,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> row_plan(
         tile_edges, tile_row.data_ptr<int64_t>(), tile_start.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  return {tile_row, tile_start, heavy.contiguous(), heavy_tile_ptr, bounds};
+  return {tile_row, tile_start, heavy, heavy_tile_ptr, bounds};
 }
 
 __global__ void slot_of_eid_kernel(const int64_t* __restrict__ eid, int64_t edges, int64_t* __restrict__ slot_of) {
