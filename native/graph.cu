@@ -180,24 +180,22 @@ at::Tensor graph_facts(const at::Tensor& csr_indptr, const at::Tensor& csc_indpt
 }
 
 // ------------------------------------------------------------ derived structures
-__global__ void append_loops_indptr_kernel(const int64_t* __restrict__ indptr, int64_t rows, int64_t num_loops,
-                                    int64_t* __restrict__ new_indptr) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row <= rows; row += stride)
-    new_indptr[row] = indptr[row] + min(row, num_loops);
-}
-
-// One warp per row: the row's slots move down by the loops of the rows before it, then its own loop.
+// One warp per row: the row's slots move down by the loops of the rows before it, then its own loop; the
+// row's new start likewise (and the end, by the last row's warp).
 template <typename index_t>
-__global__ void append_loops_slots_kernel(const int64_t* __restrict__ indptr, const index_t* __restrict__ indices,
-                                          const int64_t* __restrict__ eid, int64_t rows, int64_t num_loops,
-                                          int64_t num_edges, index_t* __restrict__ new_indices,
-                                          int64_t* __restrict__ new_eid) {
+__global__ void append_loops_kernel(const int64_t* __restrict__ indptr, const index_t* __restrict__ indices,
+                                    const int64_t* __restrict__ eid, int64_t rows, int64_t num_loops,
+                                    int64_t num_edges, int64_t* __restrict__ new_indptr,
+                                    index_t* __restrict__ new_indices, int64_t* __restrict__ new_eid) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
   for (int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; row < rows;
        row += warps) {
     const int64_t begin = indptr[row], end = indptr[row + 1], shift = min(row, num_loops);
+    if (lane == 0) {
+      new_indptr[row] = begin + shift;
+      if (row == rows - 1) new_indptr[rows] = end + min(rows, num_loops);
+    }
     for (int64_t slot = begin + lane; slot < end; slot += kWarp) {
       new_indices[slot + shift] = indices[slot];
       new_eid[slot + shift] = eid[slot];
@@ -227,22 +225,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> append_loops(const at::Tensor& in
   at::Tensor new_indptr = at::empty_like(indptr);
   at::Tensor new_indices = at::empty({edges + num_loops}, indices.options());
   at::Tensor new_eid = at::empty({edges + num_loops}, eid.options());
-  append_loops_indptr_kernel<<<blocks_for(rows + 1), kThreads, 0, stream>>>(
-      indptr.data_ptr<int64_t>(), rows, num_loops, new_indptr.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (rows > 0) {
-    const int64_t blocks = blocks_for(rows * kWarp);
-    if (indices.scalar_type() == at::kLong) {
-      append_loops_slots_kernel<int64_t><<<blocks, kThreads, 0, stream>>>(
-          indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), eid.data_ptr<int64_t>(), rows, num_loops, edges,
-          new_indices.data_ptr<int64_t>(), new_eid.data_ptr<int64_t>());
-    } else {
-      append_loops_slots_kernel<int32_t><<<blocks, kThreads, 0, stream>>>(
-          indptr.data_ptr<int64_t>(), indices.data_ptr<int32_t>(), eid.data_ptr<int64_t>(), rows, num_loops, edges,
-          new_indices.data_ptr<int32_t>(), new_eid.data_ptr<int64_t>());
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (rows == 0) return {new_indptr.copy_(indptr), new_indices, new_eid};  // no rows: no slots, no loops
+  const int64_t blocks = blocks_for(rows * kWarp);
+  if (indices.scalar_type() == at::kLong) {
+    append_loops_kernel<int64_t><<<blocks, kThreads, 0, stream>>>(
+        indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), eid.data_ptr<int64_t>(), rows, num_loops, edges,
+        new_indptr.data_ptr<int64_t>(), new_indices.data_ptr<int64_t>(), new_eid.data_ptr<int64_t>());
+  } else {
+    append_loops_kernel<int32_t><<<blocks, kThreads, 0, stream>>>(
+        indptr.data_ptr<int64_t>(), indices.data_ptr<int32_t>(), eid.data_ptr<int64_t>(), rows, num_loops, edges,
+        new_indptr.data_ptr<int64_t>(), new_indices.data_ptr<int32_t>(), new_eid.data_ptr<int64_t>());
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {new_indptr, new_indices, new_eid};
 }
 
