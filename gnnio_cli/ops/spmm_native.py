@@ -47,6 +47,7 @@ from typing import Callable, Optional
 
 import torch
 
+from gnnio_cli import native
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import without_self_loops
 from gnnio_cli.ops import dispatch
@@ -331,3 +332,23 @@ def _loop_free_gcn_operator(graph: Graph) -> SpmmOperator:
     csr_values = inv_sqrt.index_select(0, graph.csr_indices) * inv_sqrt.index_select(0, graph.csr_rows)
     csc_values = csr_values.index_select(0, csc_slots(graph))
     return operator_from_slots(graph, csr_values, csc_values, None, inv_sqrt * inv_sqrt)
+
+
+# ---------------------------------------------------- shapes for the tracer
+@native.on_load
+def _register_fakes() -> None:
+    """Shape-only implementations of native/spmm.cu's ops, so torch.compile and opcheck can trace them."""
+
+    @torch.library.register_fake("gnnio::segment_sum")
+    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          diagonal=None):
+        return x.new_empty((num_rows, x.shape[1]))
+
+    @torch.library.register_fake("gnnio::segment_sum_subwarp")
+    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          row_order, row_scale=None, diagonal=None):
+        return x.new_empty((num_rows, x.shape[1]))
+
+    @torch.library.register_fake("gnnio::cusparse_spmm")
+    def _(indptr, indices, values, x, num_rows, workspace):
+        return x.new_empty((num_rows, x.shape[1]))
