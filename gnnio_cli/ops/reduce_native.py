@@ -36,7 +36,7 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch, spmm_native
 from gnnio_cli.graph.schedule import row_order, row_schedule
 from gnnio_cli.ops.segment import slot_of_eid
-from gnnio_cli.ops.tuning import choose_kernel, shape_class
+from gnnio_cli.ops.tuning import choose_kernel, fits_subwarp, shape_class
 
 supports = spmm_native.supports
 
@@ -88,7 +88,7 @@ PACKED_POSITION_LIMIT = 0xFFFF
 
 def extremum_candidates(graph: Graph, x: torch.Tensor) -> tuple[str, ...]:
     """The forward kernels that may run max/min of x [num_src, F] (contiguous) over `graph`, in timing order."""
-    if spmm_native.fits_subwarp(x) and row_schedule(graph, "csr").tile_edges < PACKED_POSITION_LIMIT:
+    if fits_subwarp(x) and row_schedule(graph, "csr").tile_edges < PACKED_POSITION_LIMIT:
         return EXTREMUM_KERNELS
     return ("warp",)
 

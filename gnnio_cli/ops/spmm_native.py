@@ -53,15 +53,12 @@ from gnnio_cli.graph.loops import without_self_loops
 from gnnio_cli.ops import dispatch
 from gnnio_cli.ops.gcn_norm import gcn_norm
 from gnnio_cli.ops.segment import csc_slots
-from gnnio_cli.ops.tuning import choose_kernel, shape_class
+from gnnio_cli.ops.tuning import choose_kernel, fits_subwarp, shape_class
 from gnnio_cli.graph.schedule import RowOrder, RowSchedule, row_order, row_schedule
 
 NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 KERNELS = ("csr-vec", "csr-subwarp", "csr-subwarp-sorted", "cusparse")
 SUBWARP_KERNELS = ("csr-subwarp", "csr-subwarp-sorted")
-# The subwarp kernels' bounds (native/spmm.cu, native/reduce.cu): 8 features per 128-bit load, at most 16 lanes per row.
-SUBWARP_VEC = 8
-SUBWARP_MAX_WIDTH = 128
 
 
 def supports(x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None) -> bool:
@@ -76,18 +73,6 @@ def kernel_candidates(x: torch.Tensor) -> tuple[str, ...]:
     if x.dtype == torch.float32:
         return ("csr-vec", "cusparse")
     return ("csr-vec", *SUBWARP_KERNELS) if fits_subwarp(x) else ("csr-vec",)
-
-
-def fits_subwarp(x: torch.Tensor) -> bool:
-    """Whether the lane-group ("subwarp") kernels of native/spmm.cu and native/reduce.cu take x [N, F]:
-    fp16/bf16, F a multiple of 8 up to 128, rows starting 16-byte aligned."""
-    width = x.shape[1]
-    return (
-        x.dtype in (torch.float16, torch.bfloat16)
-        and 0 < width <= SUBWARP_MAX_WIDTH
-        and width % SUBWARP_VEC == 0
-        and x.data_ptr() % 16 == 0
-    )
 
 
 # ------------------------------------------------------------ operators
