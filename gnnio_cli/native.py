@@ -14,6 +14,8 @@ process reuses the first one's build.
 - :func:`is_available` never raises; it remembers the reason (:func:`reason`),
   so the library falls back to the reference at the cost of one check.
 - :func:`status` gathers the facts ``gnnio doctor`` prints.
+- :func:`on_load` runs a kernel family's ``torch.library`` registrations (its
+  fake kernels, which live beside the family's binding) once the ops exist.
 
 Environment: ``GNNIO_CACHE_DIR`` (cache root), ``GNNIO_NATIVE=0`` (never use the
 native kernels), ``TORCH_CUDA_ARCH_LIST`` (arch list, default: the visible
@@ -38,7 +40,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -50,12 +52,6 @@ EXTENSION_NAME = "gnnio_native"
 # Bump when the way the build is configured changes in a way the hash below misses.
 BUILD_RECIPE = 1
 
-# graph_facts' output layout: per side (CSR, then CSC) SIDE_WIDTH counts, then the edge list's
-# (gnnio_cli.graph.schedule reads it; its fake kernel below gives the shape).
-SIDE_WIDTH = 6  # max degree, non-empty rows, heavy rows and tiles at t0, the same with every degree + 1 at t1
-EDGE_FACTS = 5  # min source, max source, min target, max target, self-loops
-FACTS_WIDTH = 2 * SIDE_WIDTH + EDGE_FACTS
-
 CXX_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3", "-lineinfo"]
 
@@ -63,6 +59,8 @@ _lock = threading.Lock()
 _loaded_from: Optional[Path] = None
 _failure: Optional[str] = None
 _build_seconds: Optional[float] = None
+# on_load's registrations not run yet (each runs once per process, however often load() runs)
+_pending: list[Callable[[], None]] = []
 
 
 # ------------------------------------------------------------------ facts
@@ -368,8 +366,25 @@ def _load_unlocked() -> Path:
         else:
             _build_seconds = seconds
             record.write_text(json.dumps({"build_seconds": round(seconds, 1), "arch_list": arch, "built": time.time()}))
-    _register_fakes()
+    while _pending:
+        _pending.pop(0)()
     return folder
+
+
+def on_load(register: Callable[[], None]) -> Callable[[], None]:
+    """Run `register` once the extension's ops exist: now if it is loaded, else right after :func:`load` loads it.
+
+    For a kernel family's torch.library registrations (its fake kernels): torch.library.register_fake needs
+    the op's schema, which the extension's TORCH_LIBRARY blocks define as it loads. Each family module
+    decorates its registrations with this at import, so they precede any call of its ops from gnnio's code;
+    without the extension (a CPU-only torch) they never run. Returns `register`, so it works as a decorator.
+    """
+    with _lock:
+        if _loaded_from is None:
+            _pending.append(register)
+            return register
+    register()
+    return register
 
 
 def is_available() -> bool:
@@ -461,249 +476,3 @@ def _configure_problem() -> Optional[str]:
         return None
     except NativeUnavailable as err:
         return str(err)
-
-
-# ---------------------------------------------------- shapes for the tracer
-_fakes_registered = False
-
-
-def _register_fakes() -> None:
-    """Shape-only implementations, so torch.compile and opcheck can trace the ops."""
-    global _fakes_registered
-    if _fakes_registered:
-        return
-    _fakes_registered = True
-
-    @torch.library.register_fake("gnnio::segment_sum")
-    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
-          diagonal=None):
-        return x.new_empty((num_rows, x.shape[1]))
-
-    @torch.library.register_fake("gnnio::segment_sum_subwarp")
-    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
-          row_order, row_scale=None, diagonal=None):
-        return x.new_empty((num_rows, x.shape[1]))
-
-    def extremum_outputs(indices, x, num_rows, with_masks):
-        slots = indices.shape[0] if with_masks else 0
-        return x.new_empty((num_rows, x.shape[1])), x.new_empty((slots, (x.shape[1] + 31) // 32), dtype=torch.int32)
-
-    @torch.library.register_fake("gnnio::segment_extremum_masked")
-    def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
-          with_masks=True):
-        return extremum_outputs(indices, x, num_rows, with_masks)
-
-    @torch.library.register_fake("gnnio::segment_extremum_masked_subwarp")
-    def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
-          row_order, with_masks=True):
-        return extremum_outputs(indices, x, num_rows, with_masks)
-
-    @torch.library.register_fake("gnnio::segment_extremum_masked_backward")
-    def _(csc_indptr, csc_indices, csc_mask_slot, grad_out, masks, num_src, tile_row, tile_start, heavy_rows,
-          heavy_tile_ptr, tile_edges):
-        return grad_out.new_empty((num_src, grad_out.shape[1]))
-
-    @torch.library.register_fake("gnnio::graph_facts")
-    def _(csr_indptr, csc_indptr, src, dst, tiles):
-        return csr_indptr.new_empty(FACTS_WIDTH)
-
-    # the dense products (native/dense.cu)
-    @torch.library.register_fake("gnnio::matmul_split_tf32")
-    def _(a, a_transposed, b, b_transposed, bias, out_widths, row_sums=False):
-        rows = sum(t.shape[1] for t in a) if a_transposed else a[0].shape[0]
-        outputs = [a[0].new_empty((rows, width)) for width in out_widths]
-        return outputs + ([a[0].new_empty(rows)] if row_sums else [])
-
-    @torch.library.register_fake("gnnio::project_split_tf32")
-    def _(x, weights, biases):
-        return [x.new_empty((x.shape[0], weight.shape[0])) for weight in weights]
-
-    # the structures derived every mini-batch step (native/graph.cu)
-    @torch.library.register_fake("gnnio::append_loops")
-    def _(indptr, indices, eid, num_loops):
-        return torch.empty_like(indptr), indices.new_empty(indices.shape[0] + num_loops), eid.new_empty(eid.shape[0] + num_loops)
-
-    @torch.library.register_fake("gnnio::row_plan")
-    def _(indptr, tile_edges, heavy_rows, tiles, max_degree):
-        tile_count = tiles if heavy_rows else 0
-        rows = indptr.shape[0] - 1
-        return (indptr.new_empty(tile_count), indptr.new_empty(tile_count), indptr.new_empty(heavy_rows),
-                indptr.new_empty(heavy_rows + 1), indptr.new_empty((rows - heavy_rows, 3)))
-
-    @torch.library.register_fake("gnnio::slot_map")
-    def _(to_eid, from_eid):
-        return torch.empty_like(from_eid)
-
-    # the loader's sampling ops (native/sample.cu); the sizes the host passes fix every output's shape
-    @torch.library.register_fake("gnnio::sample_seeds")
-    def _(table, seeds, indptr, fanout, replace):
-        return torch.empty_like(seeds)
-
-    @torch.library.register_fake("gnnio::sample_neighbors")
-    def _(indptr, indices, eid, frontier, ends, num_picks, fanout, replace, key):
-        return indptr.new_empty(num_picks), indptr.new_empty(num_picks)
-
-    @torch.library.register_fake("gnnio::sample_first_seen")
-    def _(table, sources, indptr, next_fanout, replace):
-        return sources.new_empty((2, sources.shape[0]))
-
-    @torch.library.register_fake("gnnio::sample_assign")
-    def _(table, sources, cumulative, first_local, num_new):
-        return sources.new_empty(num_new), sources.new_empty(num_new)
-
-    @torch.library.register_fake("gnnio::sample_relabel")
-    def _(table, sources, n_id):
-        return torch.empty_like(sources)
-
-    @torch.library.register_fake("gnnio::cusparse_spmm")
-    def _(indptr, indices, values, x, num_rows, workspace):
-        return x.new_empty((num_rows, x.shape[1]))
-
-    _register_attention_fakes()
-
-
-def _register_attention_fakes() -> None:
-    """The typed attention edge ops of native/attention/<kind>.cu. Each takes the graph arguments of
-    native/attention/schema.h (10: indptr, indices, eid, the row schedule and the row order) first; Nd or Ns is
-    the rows of that indptr, E the entries of indices."""
-
-    def forward(indptr, indices, rows, return_scores):
-        """(out [Nd, H, C] like `rows`, lse fp32 [Nd, H], scores fp32 [E or 0, H])."""
-        num_dst, heads = indptr.shape[0] - 1, rows.shape[1]
-        scores = rows.new_empty((indices.shape[0] if return_scores else 0, heads), dtype=torch.float32)
-        return (rows.new_empty((num_dst, *rows.shape[1:])), rows.new_empty((num_dst, heads), dtype=torch.float32),
-                scores)
-
-    def stats(indptr, rows, width=2):
-        """row_stats fp32 [Nd, H, width]."""
-        return rows.new_empty((indptr.shape[0] - 1, rows.shape[1], width), dtype=torch.float32)
-
-    def node_rows(indptr, rows, per_head=True):
-        """[N, H, C] (or [N, H] without per_head) like `rows`, N the rows of indptr."""
-        return rows.new_empty((indptr.shape[0] - 1, *(rows.shape[1:] if per_head else rows.shape[1:2])))
-
-    def edge_outputs(indices, rows, edge, write_edge_grads):
-        """(grad of edge (or [0]), edge_grads fp32 [E or 0, H])."""
-        grad_edge = torch.empty_like(edge) if edge is not None else rows.new_empty(0)
-        count = indices.shape[0] if write_edge_grads else 0
-        return grad_edge, rows.new_empty((count, rows.shape[1]), dtype=torch.float32)
-
-    # the node-level ops (native/attention/rows.cu)
-    @torch.library.register_fake("gnnio::attention_row_norms")
-    def _(x):
-        return x.new_empty((*x.shape[:2], 2), dtype=torch.float32)
-
-    @torch.library.register_fake("gnnio::attention_row_dots")
-    def _(a, b, offset=None, lse=None, column_sums=False, residual=None):
-        nodes, heads, channels = a.shape
-        dots = a.new_empty((nodes, heads, 2) if lse is not None else (nodes, heads), dtype=torch.float32)
-        return dots, a.new_empty((heads if column_sums else 0, channels), dtype=torch.float32)
-
-    @torch.library.register_fake("gnnio::attention_unit_rows_backward")
-    def _(x, norm, grad_unit):
-        return torch.empty_like(x)
-
-    # GAT: x_src, alpha_src, alpha_dst, edge_alpha
-    @torch.library.register_fake("gnnio::gat_attention_forward")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, seed, offset,
-          return_scores, bias=None):
-        return forward(indptr, indices, x_src, return_scores)
-
-    @torch.library.register_fake("gnnio::gat_attention_forward_edge_balanced")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, seed, offset,
-          return_scores, slot_rows, bias=None):
-        return forward(indptr, indices, x_src, return_scores)
-
-    @torch.library.register_fake("gnnio::gat_attention_backward_target")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, grad_out, lse, negative_slope, dropout, seed,
-          offset):
-        return node_rows(indptr, x_src, per_head=False), stats(indptr, x_src)
-
-    @torch.library.register_fake("gnnio::gat_attention_backward_source")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, grad_out, row_stats, negative_slope, dropout, seed,
-          offset, write_edge_grads, packed_grads=None):
-        return (node_rows(indptr, x_src), node_rows(indptr, x_src, per_head=False),
-                *edge_outputs(indices, x_src, edge_alpha, write_edge_grads))
-
-    @torch.library.register_fake("gnnio::gat_attention_backward_target_from_edges")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, edge_grads, edge_grad_slots, packed_grads=None):
-        return node_rows(indptr, x_src, per_head=False)
-
-    # GATv2: x_src, x_dst, att, edge
-    @torch.library.register_fake("gnnio::gatv2_attention_forward")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, x_dst, att, edge, negative_slope, dropout, seed, offset, return_scores, bias=None):
-        return forward(indptr, indices, x_src, return_scores)
-
-    @torch.library.register_fake("gnnio::gatv2_attention_forward_edge_balanced")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, x_dst, att, edge, negative_slope, dropout, seed, offset, return_scores, slot_rows,
-          bias=None):
-        return forward(indptr, indices, x_src, return_scores)
-
-    @torch.library.register_fake("gnnio::gatv2_attention_backward_target")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, x_dst, att, edge, grad_out, lse, negative_slope, dropout, seed, offset):
-        return node_rows(indptr, x_src), torch.empty_like(att), stats(indptr, x_src)
-
-    @torch.library.register_fake("gnnio::gatv2_attention_backward_source")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, x_dst, att, edge, grad_out, row_stats, negative_slope, dropout, seed, offset):
-        return node_rows(indptr, x_src), edge_outputs(indices, x_src, edge, False)[0]
-
-    # Dot: query, key, value, edge
-    @torch.library.register_fake("gnnio::dot_attention_forward")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, query, key, value, edge, scale, dropout, seed, offset, return_scores, residual=None,
-          hinted_indices=None):
-        return forward(indptr, indices, value, return_scores)
-
-    @torch.library.register_fake("gnnio::dot_attention_forward_edge_balanced")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, query, key, value, edge, scale, dropout, seed, offset, return_scores, slot_rows,
-          residual=None):
-        return forward(indptr, indices, value, return_scores)
-
-    @torch.library.register_fake("gnnio::dot_attention_backward_target")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, query, key, value, edge, grad_out, lse, scale, dropout, seed, offset):
-        return node_rows(indptr, value), stats(indptr, value)
-
-    @torch.library.register_fake("gnnio::dot_attention_backward_source")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, query, key, value, edge, grad_out, row_stats, scale, dropout, seed, offset,
-          write_edge_grads, hinted_indices=None):
-        return (node_rows(indptr, value), node_rows(indptr, value),
-                *edge_outputs(indices, value, edge, write_edge_grads))
-
-    @torch.library.register_fake("gnnio::dot_attention_backward_target_from_edges")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, query, key, value, edge, edge_grads, edge_grad_slots, hinted_indices=None):
-        return node_rows(indptr, value)
-
-    # Cosine: x_src, x_dst, norm_src, norm_dst, beta
-    @torch.library.register_fake("gnnio::cosine_attention_forward")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, x_dst, norm_src, norm_dst, beta, dropout, seed, offset, return_scores):
-        return forward(indptr, indices, x_src, return_scores)
-
-    @torch.library.register_fake("gnnio::cosine_attention_forward_edge_balanced")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, x_dst, norm_src, norm_dst, beta, dropout, seed, offset, return_scores, slot_rows):
-        return forward(indptr, indices, x_src, return_scores)
-
-    @torch.library.register_fake("gnnio::cosine_attention_backward_target")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, x_dst, norm_src, norm_dst, beta, grad_out, lse, dropout, seed, offset):
-        return node_rows(indptr, x_src), torch.empty_like(beta), stats(indptr, x_src, 4)
-
-    @torch.library.register_fake("gnnio::cosine_attention_backward_source")
-    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
-          num_busy_rows, x_src, x_dst, norm_src, norm_dst, beta, grad_unit_dst, grad_out, row_stats, dropout, seed,
-          offset):
-        return node_rows(indptr, x_src)

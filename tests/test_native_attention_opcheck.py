@@ -1,7 +1,7 @@
 """torch.library.opcheck of the attention ops (native/attention/): each kind's typed edge ops and rows.cu's node
-ops. It checks each op's schema (what it mutates), its fake kernel (gnnio_cli/native.py: the shapes torch.compile
-traces with) and its dispatch, on real inputs of every feature and index dtype, with and without edge features,
-on a graph of light rows and on one whose hub row is cut into tiles.
+ops. It checks each op's schema (what it mutates), its fake kernel (gnnio_cli/ops/attention_native.py: the shapes
+torch.compile traces with) and its dispatch, on real inputs of every feature and index dtype, with and without edge
+features, on a graph of light rows and on one whose hub row is cut into tiles.
 
 The ops carry no autograd of their own (ops/attention_native.py wraps them in autograd functions), so their
 inputs take no gradient here. GAT's packed_grads (written in place, returned as views) stay out: the layer

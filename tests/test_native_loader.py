@@ -148,6 +148,31 @@ def test_library_that_does_not_load_is_reported(monkeypatch, tmp_path):
     assert_one_line(str(caught.value), "does not load", "undefined symbol", str(folder))
 
 
+def test_registrations_wait_for_the_load_and_run_once(monkeypatch, tmp_path):
+    """on_load (the families' fake kernels): queued before the extension loads, run right after it, at once when
+    it is loaded, and never again when load() runs a second time in the process."""
+    from torch.utils import cpp_extension
+
+    pretend_cuda_build(monkeypatch, tmp_path)
+    monkeypatch.delattr(cpp_extension, "FileBaton", raising=False)
+    monkeypatch.setattr(native, "_pending", [])  # the real families' registrations need the real ops
+    ran = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: ran.append("extension"))
+
+    def first():
+        ran.append("first")
+
+    assert native.on_load(first) is first
+    assert ran == []
+    native.load()
+    assert ran == ["extension", "first"]
+    native.on_load(lambda: ran.append("second"))
+    assert ran == ["extension", "first", "second"]
+    native._reset_for_tests()
+    native.load()
+    assert ran == ["extension", "first", "second", "extension"]
+
+
 def test_is_available_never_raises(monkeypatch):
     def broken():
         raise ValueError("unexpected")

@@ -18,6 +18,7 @@ from gnnio_cli.graph import Graph
 from gnnio_cli.ops import aggregate, dispatch
 from gnnio_cli.ops import reduce_native, spmm_native
 from gnnio_cli.ops.reduce import extremum_winners
+from gnnio_cli.ops.tuning import fits_subwarp
 from testing import named_test_graph, DTYPES, poison_cuda_cache, randn, relative_error
 
 pytestmark = [
@@ -276,7 +277,7 @@ def extremum_ops(graph: Graph, x: torch.Tensor, is_min: bool, by_degree: bool, w
             *schedule.args())
     order = row_order(graph, "csr", schedule)
     results = [torch.ops.gnnio.segment_extremum_masked(*args, with_masks)]
-    if spmm_native.fits_subwarp(x):
+    if fits_subwarp(x):
         for rows in (order.with_bounds,) if by_degree else (None,):
             results.append(torch.ops.gnnio.segment_extremum_masked_subwarp(*args, rows, with_masks))
     return results

@@ -131,3 +131,18 @@ def slot_map(to_eid: Tensor, from_eid: Tensor) -> Tensor:
 def kept_positions(drop: Tensor, kept: int) -> Tensor:
     """int64 [kept]: the positions of the edges `drop` leaves, in order (a stable sort: no read)."""
     return torch.sort(drop.to(torch.uint8), stable=True).indices[:kept]
+
+
+# ---------------------------------------------------- shapes for the tracer
+@native.on_load
+def _register_fakes() -> None:
+    """Shape-only implementations of append_loops and slot_map (native/graph.cu), so torch.compile and opcheck
+    can trace them."""
+
+    @torch.library.register_fake("gnnio::append_loops")
+    def _(indptr, indices, eid, num_loops):
+        return torch.empty_like(indptr), indices.new_empty(indices.shape[0] + num_loops), eid.new_empty(eid.shape[0] + num_loops)
+
+    @torch.library.register_fake("gnnio::slot_map")
+    def _(to_eid, from_eid):
+        return torch.empty_like(from_eid)

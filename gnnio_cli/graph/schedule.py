@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from gnnio_cli import native
 from gnnio_cli.graph.compress import on_native
-from gnnio_cli.native import EDGE_FACTS, SIDE_WIDTH
 
 if TYPE_CHECKING:
     from gnnio_cli.graph.graph import Graph
@@ -47,7 +47,11 @@ TILE_AVERAGE_FACTOR = 4
 # 3.95 / 15.3 ms; rows below 131,072 in-edges are not affected.
 MAX_TILES_PER_ROW = 1024
 
-# graph_facts' output layout (SIDE_WIDTH, EDGE_FACTS, FACTS_WIDTH) is the native op's contract: gnnio_cli.native.
+# graph_facts' output layout (native/graph.cu; its fake kernel at the end gives the shape): per side (CSR, then
+# CSC) SIDE_WIDTH counts, then the edge list's
+SIDE_WIDTH = 6  # max degree, non-empty rows, heavy rows and tiles at t0, the same with every degree + 1 at t1
+EDGE_FACTS = 5  # min source, max source, min target, max target, self-loops
+FACTS_WIDTH = 2 * SIDE_WIDTH + EDGE_FACTS
 
 
 def base_tile_length(num_rows: int, num_slots: int) -> int:
@@ -310,3 +314,21 @@ def row_schedule(graph: "Graph", side: str, tile_edges: Optional[int] = None) ->
 def row_order(graph: "Graph", side: str, schedule: RowSchedule) -> RowOrder:
     """The light-row order that goes with `schedule` (:func:`row_plan`)."""
     return row_plan(graph, side, schedule.tile_edges)[1]
+
+
+# ---------------------------------------------------- shapes for the tracer
+@native.on_load
+def _register_fakes() -> None:
+    """Shape-only implementations of graph_facts and row_plan (native/graph.cu), so torch.compile and opcheck can
+    trace them."""
+
+    @torch.library.register_fake("gnnio::graph_facts")
+    def _(csr_indptr, csc_indptr, src, dst, tiles):
+        return csr_indptr.new_empty(FACTS_WIDTH)
+
+    @torch.library.register_fake("gnnio::row_plan")
+    def _(indptr, tile_edges, heavy_rows, tiles, max_degree):
+        tile_count = tiles if heavy_rows else 0
+        rows = indptr.shape[0] - 1
+        return (indptr.new_empty(tile_count), indptr.new_empty(tile_count), indptr.new_empty(heavy_rows),
+                indptr.new_empty(heavy_rows + 1), indptr.new_empty((rows - heavy_rows, 3)))

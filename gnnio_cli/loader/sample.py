@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnio_cli import native
 from gnnio_cli.graph.generate import _splitmix
 
 EMPTY = np.iinfo(np.int64).max  # the node table's entry for a node not in the batch
@@ -276,3 +277,30 @@ class CudaSampler(_Sampler):
             ends, num_picks = next_ends, next_picks
         n_id = hops.n_id()
         return hops.sampled(n_id, ops.sample_relabel(self.table, torch.cat(hops.sources), n_id))
+
+
+# ---------------------------------------------------- shapes for the tracer
+@native.on_load
+def _register_fakes() -> None:
+    """Shape-only implementations of the sampling ops (native/sample.cu), so torch.compile and opcheck can trace
+    them; the sizes the host passes fix every output's shape."""
+
+    @torch.library.register_fake("gnnio::sample_seeds")
+    def _(table, seeds, indptr, fanout, replace):
+        return torch.empty_like(seeds)
+
+    @torch.library.register_fake("gnnio::sample_neighbors")
+    def _(indptr, indices, eid, frontier, ends, num_picks, fanout, replace, key):
+        return indptr.new_empty(num_picks), indptr.new_empty(num_picks)
+
+    @torch.library.register_fake("gnnio::sample_first_seen")
+    def _(table, sources, indptr, next_fanout, replace):
+        return sources.new_empty((2, sources.shape[0]))
+
+    @torch.library.register_fake("gnnio::sample_assign")
+    def _(table, sources, cumulative, first_local, num_new):
+        return sources.new_empty(num_new), sources.new_empty(num_new)
+
+    @torch.library.register_fake("gnnio::sample_relabel")
+    def _(table, sources, n_id):
+        return torch.empty_like(sources)

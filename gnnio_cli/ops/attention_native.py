@@ -39,6 +39,7 @@ from typing import Iterator, Optional, Union
 
 import torch
 
+from gnnio_cli import native
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.compress import slot_map
@@ -549,3 +550,152 @@ def agnn_attention(graph, x_src, x_dst, beta, dropout, training, return_attentio
         out, alpha = result
         return out, alpha.squeeze(1)
     return result
+
+
+# ---------------------------------------------------- shapes for the tracer
+@native.on_load
+def _register_fakes() -> None:
+    """The typed attention edge ops of native/attention/<kind>.cu. Each takes the graph arguments of
+    native/attention/schema.h (10: indptr, indices, eid, the row schedule and the row order) first; Nd or Ns is
+    the rows of that indptr, E the entries of indices."""
+
+    def forward(indptr, indices, rows, return_scores):
+        """(out [Nd, H, C] like `rows`, lse fp32 [Nd, H], scores fp32 [E or 0, H])."""
+        num_dst, heads = indptr.shape[0] - 1, rows.shape[1]
+        scores = rows.new_empty((indices.shape[0] if return_scores else 0, heads), dtype=torch.float32)
+        return (rows.new_empty((num_dst, *rows.shape[1:])), rows.new_empty((num_dst, heads), dtype=torch.float32),
+                scores)
+
+    def stats(indptr, rows, width=2):
+        """row_stats fp32 [Nd, H, width]."""
+        return rows.new_empty((indptr.shape[0] - 1, rows.shape[1], width), dtype=torch.float32)
+
+    def node_rows(indptr, rows, per_head=True):
+        """[N, H, C] (or [N, H] without per_head) like `rows`, N the rows of indptr."""
+        return rows.new_empty((indptr.shape[0] - 1, *(rows.shape[1:] if per_head else rows.shape[1:2])))
+
+    def edge_outputs(indices, rows, edge, write_edge_grads):
+        """(grad of edge (or [0]), edge_grads fp32 [E or 0, H])."""
+        grad_edge = torch.empty_like(edge) if edge is not None else rows.new_empty(0)
+        count = indices.shape[0] if write_edge_grads else 0
+        return grad_edge, rows.new_empty((count, rows.shape[1]), dtype=torch.float32)
+
+    # the node-level ops (native/attention/rows.cu)
+    @torch.library.register_fake("gnnio::attention_row_norms")
+    def _(x):
+        return x.new_empty((*x.shape[:2], 2), dtype=torch.float32)
+
+    @torch.library.register_fake("gnnio::attention_row_dots")
+    def _(a, b, offset=None, lse=None, column_sums=False, residual=None):
+        nodes, heads, channels = a.shape
+        dots = a.new_empty((nodes, heads, 2) if lse is not None else (nodes, heads), dtype=torch.float32)
+        return dots, a.new_empty((heads if column_sums else 0, channels), dtype=torch.float32)
+
+    @torch.library.register_fake("gnnio::attention_unit_rows_backward")
+    def _(x, norm, grad_unit):
+        return torch.empty_like(x)
+
+    # GAT: x_src, alpha_src, alpha_dst, edge_alpha
+    @torch.library.register_fake("gnnio::gat_attention_forward")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, seed, offset,
+          return_scores, bias=None):
+        return forward(indptr, indices, x_src, return_scores)
+
+    @torch.library.register_fake("gnnio::gat_attention_forward_edge_balanced")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, seed, offset,
+          return_scores, slot_rows, bias=None):
+        return forward(indptr, indices, x_src, return_scores)
+
+    @torch.library.register_fake("gnnio::gat_attention_backward_target")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, grad_out, lse, negative_slope, dropout, seed,
+          offset):
+        return node_rows(indptr, x_src, per_head=False), stats(indptr, x_src)
+
+    @torch.library.register_fake("gnnio::gat_attention_backward_source")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, grad_out, row_stats, negative_slope, dropout, seed,
+          offset, write_edge_grads, packed_grads=None):
+        return (node_rows(indptr, x_src), node_rows(indptr, x_src, per_head=False),
+                *edge_outputs(indices, x_src, edge_alpha, write_edge_grads))
+
+    @torch.library.register_fake("gnnio::gat_attention_backward_target_from_edges")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, edge_grads, edge_grad_slots, packed_grads=None):
+        return node_rows(indptr, x_src, per_head=False)
+
+    # GATv2: x_src, x_dst, att, edge
+    @torch.library.register_fake("gnnio::gatv2_attention_forward")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, x_dst, att, edge, negative_slope, dropout, seed, offset, return_scores, bias=None):
+        return forward(indptr, indices, x_src, return_scores)
+
+    @torch.library.register_fake("gnnio::gatv2_attention_forward_edge_balanced")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, x_dst, att, edge, negative_slope, dropout, seed, offset, return_scores, slot_rows,
+          bias=None):
+        return forward(indptr, indices, x_src, return_scores)
+
+    @torch.library.register_fake("gnnio::gatv2_attention_backward_target")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, x_dst, att, edge, grad_out, lse, negative_slope, dropout, seed, offset):
+        return node_rows(indptr, x_src), torch.empty_like(att), stats(indptr, x_src)
+
+    @torch.library.register_fake("gnnio::gatv2_attention_backward_source")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, x_dst, att, edge, grad_out, row_stats, negative_slope, dropout, seed, offset):
+        return node_rows(indptr, x_src), edge_outputs(indices, x_src, edge, False)[0]
+
+    # Dot: query, key, value, edge
+    @torch.library.register_fake("gnnio::dot_attention_forward")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, query, key, value, edge, scale, dropout, seed, offset, return_scores, residual=None,
+          hinted_indices=None):
+        return forward(indptr, indices, value, return_scores)
+
+    @torch.library.register_fake("gnnio::dot_attention_forward_edge_balanced")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, query, key, value, edge, scale, dropout, seed, offset, return_scores, slot_rows,
+          residual=None):
+        return forward(indptr, indices, value, return_scores)
+
+    @torch.library.register_fake("gnnio::dot_attention_backward_target")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, query, key, value, edge, grad_out, lse, scale, dropout, seed, offset):
+        return node_rows(indptr, value), stats(indptr, value)
+
+    @torch.library.register_fake("gnnio::dot_attention_backward_source")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, query, key, value, edge, grad_out, row_stats, scale, dropout, seed, offset,
+          write_edge_grads, hinted_indices=None):
+        return (node_rows(indptr, value), node_rows(indptr, value),
+                *edge_outputs(indices, value, edge, write_edge_grads))
+
+    @torch.library.register_fake("gnnio::dot_attention_backward_target_from_edges")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, query, key, value, edge, edge_grads, edge_grad_slots, hinted_indices=None):
+        return node_rows(indptr, value)
+
+    # Cosine: x_src, x_dst, norm_src, norm_dst, beta
+    @torch.library.register_fake("gnnio::cosine_attention_forward")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, x_dst, norm_src, norm_dst, beta, dropout, seed, offset, return_scores):
+        return forward(indptr, indices, x_src, return_scores)
+
+    @torch.library.register_fake("gnnio::cosine_attention_forward_edge_balanced")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, x_dst, norm_src, norm_dst, beta, dropout, seed, offset, return_scores, slot_rows):
+        return forward(indptr, indices, x_src, return_scores)
+
+    @torch.library.register_fake("gnnio::cosine_attention_backward_target")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, x_dst, norm_src, norm_dst, beta, grad_out, lse, dropout, seed, offset):
+        return node_rows(indptr, x_src), torch.empty_like(beta), stats(indptr, x_src, 4)
+
+    @torch.library.register_fake("gnnio::cosine_attention_backward_source")
+    def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
+          num_busy_rows, x_src, x_dst, norm_src, norm_dst, beta, grad_unit_dst, grad_out, row_stats, dropout, seed,
+          offset):
+        return node_rows(indptr, x_src)

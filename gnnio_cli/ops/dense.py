@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gnnio_cli import native
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.ops import dispatch
 
@@ -207,3 +208,20 @@ def project_parameter_gradients(
         result.append(weight_grads[i] if weights_needed[i] else None)
         result.append(bias_grads[i] if biases_needed[i] else None)
     return result
+
+
+# ---------------------------------------------------- shapes for the tracer
+@native.on_load
+def _register_fakes() -> None:
+    """Shape-only implementations of the dense products (native/dense.cu), so torch.compile and opcheck can
+    trace them."""
+
+    @torch.library.register_fake("gnnio::matmul_split_tf32")
+    def _(a, a_transposed, b, b_transposed, bias, out_widths, row_sums=False):
+        rows = sum(t.shape[1] for t in a) if a_transposed else a[0].shape[0]
+        outputs = [a[0].new_empty((rows, width)) for width in out_widths]
+        return outputs + ([a[0].new_empty(rows)] if row_sums else [])
+
+    @torch.library.register_fake("gnnio::project_split_tf32")
+    def _(x, weights, biases):
+        return [x.new_empty((x.shape[0], weight.shape[0])) for weight in weights]

@@ -31,11 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
+from gnnio_cli import native
 from gnnio_cli.graph import Graph
 from gnnio_cli.ops import dispatch, spmm_native
 from gnnio_cli.graph.schedule import row_order, row_schedule
 from gnnio_cli.ops.segment import slot_of_eid
-from gnnio_cli.ops.tuning import choose_kernel, shape_class
+from gnnio_cli.ops.tuning import choose_kernel, fits_subwarp, shape_class
 
 supports = spmm_native.supports
 
@@ -87,7 +88,7 @@ PACKED_POSITION_LIMIT = 0xFFFF
 
 def extremum_candidates(graph: Graph, x: torch.Tensor) -> tuple[str, ...]:
     """The forward kernels that may run max/min of x [num_src, F] (contiguous) over `graph`, in timing order."""
-    if spmm_native.fits_subwarp(x) and row_schedule(graph, "csr").tile_edges < PACKED_POSITION_LIMIT:
+    if fits_subwarp(x) and row_schedule(graph, "csr").tile_edges < PACKED_POSITION_LIMIT:
         return EXTREMUM_KERNELS
     return ("warp",)
 
@@ -152,3 +153,28 @@ def aggregate(graph: Graph, x: torch.Tensor, reduce: str) -> torch.Tensor:
     dispatch.record(op, f"degree-aware {schedule}" if kernel == "warp" else f"degree-aware {kernel} {schedule}")
     out = _Extremum.apply(features, graph, is_min, kernel)
     return out.reshape(graph.num_dst_nodes, *x.shape[1:])
+
+
+# ---------------------------------------------------- shapes for the tracer
+@native.on_load
+def _register_fakes() -> None:
+    """Shape-only implementations of native/reduce.cu's ops, so torch.compile and opcheck can trace them."""
+
+    def extremum_outputs(indices, x, num_rows, with_masks):
+        slots = indices.shape[0] if with_masks else 0
+        return x.new_empty((num_rows, x.shape[1])), x.new_empty((slots, (x.shape[1] + 31) // 32), dtype=torch.int32)
+
+    @torch.library.register_fake("gnnio::segment_extremum_masked")
+    def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          with_masks=True):
+        return extremum_outputs(indices, x, num_rows, with_masks)
+
+    @torch.library.register_fake("gnnio::segment_extremum_masked_subwarp")
+    def _(indptr, indices, x, num_rows, is_min, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          row_order, with_masks=True):
+        return extremum_outputs(indices, x, num_rows, with_masks)
+
+    @torch.library.register_fake("gnnio::segment_extremum_masked_backward")
+    def _(csc_indptr, csc_indices, csc_mask_slot, grad_out, masks, num_src, tile_row, tile_start, heavy_rows,
+          heavy_tile_ptr, tile_edges):
+        return grad_out.new_empty((num_src, grad_out.shape[1]))

@@ -47,20 +47,18 @@ from typing import Callable, Optional
 
 import torch
 
+from gnnio_cli import native
 from gnnio_cli.graph import Graph
 from gnnio_cli.graph.loops import without_self_loops
 from gnnio_cli.ops import dispatch
 from gnnio_cli.ops.gcn_norm import gcn_norm
 from gnnio_cli.ops.segment import csc_slots
-from gnnio_cli.ops.tuning import choose_kernel, shape_class
+from gnnio_cli.ops.tuning import choose_kernel, fits_subwarp, shape_class
 from gnnio_cli.graph.schedule import RowOrder, RowSchedule, row_order, row_schedule
 
 NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 KERNELS = ("csr-vec", "csr-subwarp", "csr-subwarp-sorted", "cusparse")
 SUBWARP_KERNELS = ("csr-subwarp", "csr-subwarp-sorted")
-# The subwarp kernels' bounds (native/spmm.cu, native/reduce.cu): 8 features per 128-bit load, at most 16 lanes per row.
-SUBWARP_VEC = 8
-SUBWARP_MAX_WIDTH = 128
 
 
 def supports(x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None) -> bool:
@@ -75,18 +73,6 @@ def kernel_candidates(x: torch.Tensor) -> tuple[str, ...]:
     if x.dtype == torch.float32:
         return ("csr-vec", "cusparse")
     return ("csr-vec", *SUBWARP_KERNELS) if fits_subwarp(x) else ("csr-vec",)
-
-
-def fits_subwarp(x: torch.Tensor) -> bool:
-    """Whether the lane-group ("subwarp") kernels of native/spmm.cu and native/reduce.cu take x [N, F]:
-    fp16/bf16, F a multiple of 8 up to 128, rows starting 16-byte aligned."""
-    width = x.shape[1]
-    return (
-        x.dtype in (torch.float16, torch.bfloat16)
-        and 0 < width <= SUBWARP_MAX_WIDTH
-        and width % SUBWARP_VEC == 0
-        and x.data_ptr() % 16 == 0
-    )
 
 
 # ------------------------------------------------------------ operators
@@ -331,3 +317,23 @@ def _loop_free_gcn_operator(graph: Graph) -> SpmmOperator:
     csr_values = inv_sqrt.index_select(0, graph.csr_indices) * inv_sqrt.index_select(0, graph.csr_rows)
     csc_values = csr_values.index_select(0, csc_slots(graph))
     return operator_from_slots(graph, csr_values, csc_values, None, inv_sqrt * inv_sqrt)
+
+
+# ---------------------------------------------------- shapes for the tracer
+@native.on_load
+def _register_fakes() -> None:
+    """Shape-only implementations of native/spmm.cu's ops, so torch.compile and opcheck can trace them."""
+
+    @torch.library.register_fake("gnnio::segment_sum")
+    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          diagonal=None):
+        return x.new_empty((num_rows, x.shape[1]))
+
+    @torch.library.register_fake("gnnio::segment_sum_subwarp")
+    def _(indptr, indices, values, x, num_rows, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges,
+          row_order, row_scale=None, diagonal=None):
+        return x.new_empty((num_rows, x.shape[1]))
+
+    @torch.library.register_fake("gnnio::cusparse_spmm")
+    def _(indptr, indices, values, x, num_rows, workspace):
+        return x.new_empty((num_rows, x.shape[1]))

@@ -9,6 +9,9 @@ of magnitude, the tile length and whether rows are split) and keeps the winner
 for the process, keyed by (op, shape class, dtype, width, device): a fixed
 graph is timed once, as before, and a mini-batch loop, whose graphs all fall
 into one or two classes, is timed on its first batch only, never again.
+
+:func:`fits_subwarp` is the rule shared by the SpMM and max/min families: which
+inputs their lane-group ("subwarp") kernels take, so which candidates are timed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from gnnio_cli.graph.schedule import RowFacts
 # Calls timed per kernel when choosing (after one warm-up call each).
 TUNING_CALLS = 3
 
+# The subwarp kernels' bounds (native/spmm.cu, native/reduce.cu): 8 features per 128-bit load, at most 16 lanes per row.
+SUBWARP_VEC = 8
+SUBWARP_MAX_WIDTH = 128
+
 # (op, shape class, dtype, width, device, candidates) -> the kernel that won
 _CHOSEN: dict = {}
 
@@ -32,6 +39,18 @@ _CHOSEN: dict = {}
 def shape_class(facts: RowFacts) -> tuple:
     """The orders of magnitude of a side's rows and slots, its tile length and whether any row is split."""
     return (facts.num_rows.bit_length(), facts.num_slots.bit_length(), facts.tile_edges, facts.heavy_rows > 0)
+
+
+def fits_subwarp(x: torch.Tensor) -> bool:
+    """Whether the lane-group ("subwarp") kernels of native/spmm.cu and native/reduce.cu take x [N, F]:
+    fp16/bf16, F a multiple of 8 up to 128, rows starting 16-byte aligned."""
+    width = x.shape[1]
+    return (
+        x.dtype in (torch.float16, torch.bfloat16)
+        and 0 < width <= SUBWARP_MAX_WIDTH
+        and width % SUBWARP_VEC == 0
+        and x.data_ptr() % 16 == 0
+    )
 
 
 def fastest(candidates: tuple[str, ...], run: Callable[[str], object]) -> str:
