@@ -91,15 +91,27 @@ class ExchangeLog:
         self.seconds = self.exposed_seconds = 0.0
 
     def settle(self) -> None:
-        """Fold the GPU timings of finished exchanges into the totals (synchronises on them)."""
+        """Fold the GPU timings of the exchanges into the totals (synchronises on them)."""
+        self._fold(block=True)
+
+    def _add_pending(self, work, launched, reached, arrived) -> None:
+        """Keep a GPU exchange's events until they are read; fold in those already done, so that a training loop
+        that never settles holds only the exchanges still in flight (and their work handles' tensors)."""
+        self._fold(block=False)
+        self._pending.append((work, launched, reached, arrived))
+
+    def _fold(self, block: bool) -> None:
+        kept = []
         for work, launched, reached, arrived in self._pending:
+            if not block and not arrived.query():
+                kept.append((work, launched, reached, arrived))
+                continue
             arrived.synchronize()
-            try:
-                self.seconds += work._get_duration() / 1e3
-            except RuntimeError:  # NCCL timing off: the launch to the end of the wait bounds the collective
-                self.seconds += launched.elapsed_time(arrived) / 1e3
+            duration = _nccl_milliseconds(work)
+            # without NCCL's timing (or a blocking collective's handle), the launch to the end of the wait
+            self.seconds += (launched.elapsed_time(arrived) if duration is None else duration) / 1e3
             self.exposed_seconds += reached.elapsed_time(arrived) / 1e3
-        self._pending.clear()
+        self._pending = kept
 
     def count(self, bytes_sent: int, bytes_received: int) -> None:
         self.calls += 1
@@ -114,7 +126,7 @@ class ExchangeLog:
             start.record()
             yield
             end.record()
-            self._pending.append((_Untimed(), start, start, end))
+            self._add_pending(None, start, start, end)
         else:
             started = time.perf_counter()
             yield
@@ -124,11 +136,14 @@ class ExchangeLog:
         self.count(bytes_sent, bytes_received)
 
 
-class _Untimed:
-    """A stand-in for a collective's work handle whose duration is the events' span."""
-
-    def _get_duration(self) -> float:
-        raise RuntimeError("untimed")
+def _nccl_milliseconds(work) -> Optional[float]:
+    """NCCL's own timing of a finished collective (TORCH_NCCL_ENABLE_TIMING=1), else None."""
+    if work is None:
+        return None
+    try:
+        return work._get_duration()
+    except RuntimeError:
+        return None
 
 
 class _InFlight:
@@ -164,13 +179,17 @@ class _InFlight:
             self.work.wait()
             arrived = torch.cuda.Event(enable_timing=True)
             arrived.record()
-            log._pending.append((self.work, self.launched, reached, arrived))
+            log._add_pending(self.work, self.launched, reached, arrived)
         else:
             waited = time.perf_counter()
+            done = self.work.is_completed()
             self.work.wait()
             finished = time.perf_counter()
-            log.seconds += (self.done_at if self.done_at is not None else finished) - self.started
-            log.exposed_seconds += finished - waited
+            if done:  # finished while the computation ran: all of it hidden
+                log.seconds += (self.done_at if self.done_at is not None else waited) - self.started
+            else:  # it ended when the wait did
+                log.seconds += finished - self.started
+                log.exposed_seconds += finished - waited
         if log is not None:
             log.count(self.rows.numel() * self.rows.element_size(), self.out.numel() * self.out.element_size())
         self.rows = None
