@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The multi-GPU acceptance set, on one host with 4 GPUs (NCCL), for a 2-layer GATv2 training step (128 features,
-# 4 heads, partitions in rcm order):
+# 4 heads, partitions in rcm order, or ORDER's):
 #   - outputs and gradients of every layer kind on 2 and 4 GPUs equal one GPU's (the NCCL tests, rmat20 included);
 #   - weak scaling: rmat20 on 1 GPU, rmat21 on 2, rmat22 on 4 (efficiency = time on 1 / time on P, >= 0.75 on 4);
 #   - strong scaling: rmat22 on 1, 2 and 4 GPUs (>= 2.8x on 4);
@@ -8,7 +8,7 @@
 #     or its peak memory where the GPU holds it).
 # The graphs are generated and partitioned on the CPU while the NCCL tests and the smaller runs use the GPUs.
 #
-#   tests/perf/distributed.sh OUT_DIR
+#   tests/perf/distributed.sh OUT_DIR          (ORDER=none tests/perf/distributed.sh OUT_DIR: ids as generated)
 #
 # OUT_DIR gets the graphs, one JSON document per run (gnnio run --json), the tests' log and summary.txt.
 set -euo pipefail
@@ -18,13 +18,14 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 cd "$OUT"
 gnnio() { python -m gnnio_cli "$@"; }
-RUN=(run --layer gatv2 --features 128 --heads 4 --order rcm --warmup 2 --repeat 5 --json)
+ORDER=${ORDER:-rcm}
+RUN=(run --layer gatv2 --features 128 --heads 4 --order "$ORDER" --warmup 2 --repeat 5 --json)
 
 prepare() {  # one chain per graph file (a partition rewrites its graph's file); a second run reuses both
   local scale=$1; shift
   [ -f "rmat$scale.h5" ] || gnnio generate rmat --scale "$scale" -o "rmat$scale.h5" --quiet
   for parts in "$@"; do
-    gnnio partition "rmat$scale.h5" --parts "$parts" --order rcm --json > "partition-rmat$scale-$parts.json"
+    gnnio partition "rmat$scale.h5" --parts "$parts" --order "$ORDER" --json > "partition-rmat$scale-$parts.json"
   done
 }
 prepare 20 1 & small=($!)
