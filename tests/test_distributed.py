@@ -39,7 +39,17 @@ CASES = {
     "gatv2": lambda: gnnio_nn.GATv2Conv(FEATURES, 4, heads=HEADS),
     "transformer": lambda: gnnio_nn.TransformerConv(FEATURES, 4, heads=HEADS, edge_dim=EDGE_DIM, beta=True),
     "agnn": lambda: gnnio_nn.AGNNConv(),
+    # halo rows narrower than x: projections fetched (GAT: h and the source score, 2*2 + 2; Transformer: key
+    # and value, 2 * 2*1; SAGE with a sum: x @ W_l^T, 3); wider: x fetched and the halo rows projected on arrival
+    "gat-narrow": lambda: gnnio_nn.GATConv(FEATURES, 2, heads=HEADS, edge_dim=EDGE_DIM),
+    "transformer-narrow": lambda: gnnio_nn.TransformerConv(FEATURES, 1, heads=HEADS, edge_dim=EDGE_DIM),
+    "sage-sum-narrow": lambda: gnnio_nn.SAGEConv(FEATURES, 3, aggr="sum"),
+    "gatv2-wide": lambda: gnnio_nn.GATv2Conv(FEATURES, FEATURES, heads=HEADS, concat=False, residual=True),
 }
+# values per halo row each case's forward exchange moves
+WIRE_WIDTHS = {"gat": FEATURES, "gat-narrow": 6, "gatv2": 8, "gatv2-wide": FEATURES, "transformer": FEATURES,
+               "transformer-narrow": 4, "sage-mean": FEATURES, "sage-sum-narrow": 3, "sage-max": FEATURES,
+               "gin": FEATURES, "agnn": FEATURES}
 
 
 def _graph(seed: int) -> Graph:
@@ -58,7 +68,7 @@ def _graph(seed: int) -> Graph:
 def _call(layer, name: str, x, edges, edge_attr, edge_weight):
     if name == "gcn-weighted":
         return layer(x, edges, edge_weight)
-    if name in ("gat", "transformer"):
+    if name in ("gat", "gat-narrow", "transformer", "transformer-narrow"):
         return layer(x, edges, edge_attr)
     return layer(x, edges)
 
@@ -75,13 +85,13 @@ def check_layers(rank: int, world_size: int, order: str, row_starts, device: str
         torch.randn(graph.num_nodes, FEATURES, generator=generator),
         torch.rand(graph.num_edges, generator=generator) + 0.5,
         torch.randn(graph.num_edges, EDGE_DIM, generator=generator),
-        torch.randn(graph.num_nodes, FEATURES, generator=generator)))
+        torch.randn(graph.num_nodes, 2 * FEATURES, generator=generator)))
     partition = partition_graph(graph, world_size, order=order,
                                 row_starts=None if row_starts is None else np.asarray(row_starts))
     dgraph = DistributedGraph.from_partition(partition, device=device)
     own, edge_ids = dgraph.own_nodes.to(device), dgraph.edge_ids.to(device)
     graph = graph.to(device)
-    failures = {}
+    failures, wire = {}, {}
     for name, make in CASES.items():
         torch.manual_seed(3)
         whole = make().to(device)
@@ -93,7 +103,10 @@ def check_layers(rank: int, world_size: int, order: str, row_starts, device: str
 
         x_own = x[own].clone().requires_grad_()
         w_own = weights[edge_ids].clone().requires_grad_()
+        received = dgraph.log.bytes_received
         out = _call(part, name, x_own, dgraph, edge_attr[edge_ids], w_own)
+        if name in WIRE_WIDTHS and dgraph.num_halo:
+            wire[name] = (dgraph.log.bytes_received - received) / (dgraph.num_halo * x.element_size())
         (out * grad_out[own, : out.shape[1]]).sum().backward()
         problems = []
         for label, actual, expected in (("output", out, out_whole[own]), ("x gradient", x_own.grad, x_whole.grad[own])):
@@ -115,7 +128,10 @@ def check_layers(rank: int, world_size: int, order: str, row_starts, device: str
             if error > TOLERANCE["rtol"]:
                 problems.append(f"{param_name} gradient differs by {error:.3g} of its largest entry")
         failures[name] = "; ".join(problems) or None
-    return {"failures": failures, "own": dgraph.num_own, "halo": dgraph.num_halo, "edges": dgraph.graph.num_edges}
+    log = dgraph.log
+    return {"failures": failures, "own": dgraph.num_own, "halo": dgraph.num_halo, "edges": dgraph.graph.num_edges,
+            "interior": dgraph.num_interior, "wire": wire, "exchange_seconds": log.seconds,
+            "exposed_seconds": log.exposed_seconds}
 
 
 THREE_RANKS = (0, EDGELESS_FROM, EDGELESS_FROM, NUM_NODES)
@@ -139,6 +155,22 @@ def test_layer_equals_single_process(rank_results, case):
 def test_ranks_with_edges_read_remote_rows(rank_results):
     _, results = rank_results
     assert all(result["halo"] > 0 for result in results if result["edges"])
+
+
+def test_layers_fetch_the_narrower_rows(rank_results):
+    _, results = rank_results
+    assert any(result["wire"] for result in results)
+    for rank, result in enumerate(results):
+        assert result["wire"] == {case: WIRE_WIDTHS[case] for case in result["wire"]}, f"rank {rank}"
+
+
+def test_interior_and_boundary_rows_both_run(rank_results):
+    """Some part has rows that read only own nodes (computed while the halo is in flight) and rows that read
+    the halo; the log's exposed share of the exchange time is a part of it."""
+    _, results = rank_results
+    assert any(0 < result["interior"] < result["own"] for result in results)
+    for result in results:
+        assert 0 <= result["exposed_seconds"] <= result["exchange_seconds"] + 1e-3
 
 
 def test_three_ranks_cover_an_empty_part_and_an_edgeless_part(rank_results):

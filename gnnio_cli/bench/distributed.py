@@ -7,9 +7,10 @@ beforehand), draws its own rows of seeded random features, and times full
 training steps: forward through both layers (each fetching its halo rows),
 backward (returning the halo gradients of the second layer's input to their
 owners; input features take no gradient), one all-reduce of the parameter
-gradients, an SGD update. It reports its step
-time, the time and bytes of its halo exchanges and of the gradient
-all-reduce, and its peak memory. The one-rank baseline runs the same model on
+gradients, an SGD update. It reports its step time, the time and bytes of
+its halo exchanges and how much of that time the computation waited for
+(exposed; the rest ran behind the interior rows' work), the gradient
+all-reduce's time, and its peak memory. The one-rank baseline runs the same model on
 the whole graph on one device, without partitions; a baseline that runs out
 of memory is reported as such.
 """
@@ -28,8 +29,8 @@ from gnnio_cli.distributed.exchange import ExchangeLog
 from gnnio_cli.graph import Graph
 
 DEPTH = 2
-RANK_COLUMNS = ["rank", "nodes", "edges", "halo nodes", "step ms", "halo exchange ms", "all-reduce ms",
-                "halo MB / step", "peak MiB"]
+RANK_COLUMNS = ["rank", "nodes", "interior nodes", "edges", "halo nodes", "step ms", "halo exchange ms",
+                "exposed ms", "all-reduce ms", "halo MB / step", "peak MiB"]
 SCALING_COLUMNS = ["ranks", "step ms", "speedup", "efficiency"]
 
 
@@ -146,9 +147,10 @@ def rank_step(rank: int, world_size: int, settings: RunSettings) -> dict:
     reduce_log.settle()
     halo = dgraph.log
     return {
-        "rank": rank, "nodes": dgraph.num_own, "edges": dgraph.graph.num_edges, "halo_nodes": dgraph.num_halo,
-        "step_ms": asdict(timing),
+        "rank": rank, "nodes": dgraph.num_own, "interior_nodes": dgraph.num_interior, "edges": dgraph.graph.num_edges,
+        "halo_nodes": dgraph.num_halo, "step_ms": asdict(timing),
         "halo_exchange_ms": halo.seconds * 1e3 / settings.repeat,
+        "halo_exposed_ms": halo.exposed_seconds * 1e3 / settings.repeat,
         "allreduce_ms": reduce_log.seconds * 1e3 / settings.repeat,
         "halo_bytes_per_step": (halo.bytes_sent + halo.bytes_received) // settings.repeat,
         "exchanges_per_step": halo.calls // settings.repeat,
@@ -188,8 +190,9 @@ def scaling_rows(baseline: Optional[dict], ranks: list[dict]) -> list[list]:
 
 
 def rank_rows(ranks: list[dict]) -> list[list]:
-    return [[r["rank"], r["nodes"], r["edges"], r["halo_nodes"], r["step_ms"]["median_ms"], r["halo_exchange_ms"],
-             r["allreduce_ms"], r["halo_bytes_per_step"] / 1e6, r["peak_mib"]] for r in ranks]
+    return [[r["rank"], r["nodes"], r["interior_nodes"], r["edges"], r["halo_nodes"], r["step_ms"]["median_ms"],
+             r["halo_exchange_ms"], r["halo_exposed_ms"], r["allreduce_ms"], r["halo_bytes_per_step"] / 1e6,
+             r["peak_mib"]] for r in ranks]
 
 
 def run_distributed(settings: RunSettings, ranks: int, *, baseline: bool, timeout: float) -> Optional[dict]:
@@ -225,6 +228,7 @@ def run_distributed(settings: RunSettings, ranks: int, *, baseline: bool, timeou
             "step_ms": max(rank["step_ms"]["median_ms"] for rank in results),
             "halo_bytes_per_step": sum(rank["halo_bytes_per_step"] for rank in results),
             "halo_exchange_ms_max": max(rank["halo_exchange_ms"] for rank in results),
+            "halo_exposed_ms_max": max(rank["halo_exposed_ms"] for rank in results),
         },
         "scaling": [dict(zip(SCALING_COLUMNS, row)) for row in scaling_rows(single, results)],
     }

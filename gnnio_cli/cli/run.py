@@ -39,7 +39,8 @@ def command(layer, graph, features, heads, dtype, device, backend, aggregation_o
     With --gpus N (distributed mode; --graph G.h5), splits the graph's rows
     across N ranks (one GPU each; CPU processes on gloo with --device cpu),
     trains a 2-layer LAYER model on the whole graph and prints each rank's
-    step time, halo exchange time and bytes, gradient all-reduce time and peak
+    step time, halo exchange time (and how much of it was not hidden behind
+    the rows that read no halo) and bytes, gradient all-reduce time and peak
     memory, and the speedup over the same model on one device. Started by
     torchrun, it joins torchrun's group instead of spawning (--gpus is then
     torchrun's world size).
@@ -134,6 +135,7 @@ def show_distributed(layer, graph, features, heads, dtype, device, order, warmup
         ("step (ms, slowest rank's median)", total["step_ms"]),
         ("halo bytes per step, all ranks", total["halo_bytes_per_step"]),
         ("halo exchange per step (ms, slowest rank)", total["halo_exchange_ms_max"]),
+        ("of which exposed (ms, slowest rank)", total["halo_exposed_ms_max"]),
     ]))
     stdout.print(table("Per rank (median of the timed steps)", distributed.RANK_COLUMNS,
                        distributed.rank_rows(document["ranks"])))

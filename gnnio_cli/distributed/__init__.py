@@ -5,12 +5,12 @@ The partition's names load on first use: every layer module imports DistributedG
 never splits a graph should not pay for h5py and the reordering code at import.
 """
 
-from gnnio_cli.distributed.exchange import ExchangeLog, HaloPlan, halo_rows
+from gnnio_cli.distributed.exchange import ExchangeLog, HaloPlan, PendingHalo, halo_rows, start_halo
 from gnnio_cli.distributed.graph import DistributedGraph
 
 _PARTITION_NAMES = ("Partition", "ensure_partition", "partition_graph")
 
-__all__ = ["DistributedGraph", "ExchangeLog", "HaloPlan", "halo_rows", *_PARTITION_NAMES]
+__all__ = ["DistributedGraph", "ExchangeLog", "HaloPlan", "PendingHalo", "halo_rows", "start_halo", *_PARTITION_NAMES]
 
 
 def __getattr__(name: str):

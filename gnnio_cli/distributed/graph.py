@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gnnio_cli.distributed.exchange import ExchangeLog, HaloPlan, halo_rows
+from gnnio_cli.distributed.exchange import ExchangeLog, HaloPlan, PendingHalo, halo_rows, start_halo
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 from gnnio_cli.nn.base import LayerRunner
 
 if TYPE_CHECKING:  # (the partition module loads on first use: see gnnio_cli.distributed)
     from gnnio_cli.distributed.partition import Part, Partition
+
+
+class RowSplit(NamedTuple):
+    """A part's graph split into its interior rows (every source an own node) and its boundary rows.
+
+    interior:       Graph [num_interior targets x num_own sources]: the first num_interior local rows,
+                    sources in local ids.
+    interior_edges: int64 [E_i], the split graph's eid of each interior edge (interior slot k).
+    boundary:       Graph [num_own - num_interior targets x num_src sources]: the other rows, with sources
+                    numbered as :meth:`DistributedGraph.rolled` lays them out, so that boundary row j's
+                    own node is source j (self-loops stay (j, j)).
+    boundary_edges: int64 [E_b], the split graph's eid of each boundary edge.
+    """
+
+    interior: Graph
+    interior_edges: Tensor
+    boundary: Graph
+    boundary_edges: Tensor
 
 
 class DistributedGraph(LayerRunner):
@@ -34,7 +52,9 @@ class DistributedGraph(LayerRunner):
                to the original graph's edge ids, so per-edge inputs (edge_attr, edge_weight) are
                ``global_tensor[dgraph.edge_ids]``, and returned attention weights follow the local edges
                (their edge_index in local ids).
-    own_nodes: int64 [num_own], the original ids of this rank's nodes: x = features[own_nodes].
+    own_nodes: int64 [num_own], the original ids of this rank's nodes: x = features[own_nodes]. Its
+               interior nodes (every in-neighbour an own node) come first, num_interior of them, then the
+               boundary nodes: the layers compute the interior rows while the halo rows are in flight.
     plan:      the halo exchange's plan; log: what the exchanges moved (see ExchangeLog).
     """
 
@@ -45,8 +65,9 @@ class DistributedGraph(LayerRunner):
         return distributed_call(layer, *args, **kwargs)
 
     def __init__(self, graph: Graph, plan: HaloPlan, own_nodes: Tensor, edge_ids: Tensor, rank: int,
-                 world_size: int, log: Optional[ExchangeLog] = None):
+                 world_size: int, num_interior: int, log: Optional[ExchangeLog] = None):
         self.graph = graph
+        self.num_interior = num_interior
         self.plan = plan
         self.own_nodes = own_nodes
         self.edge_ids = edge_ids
@@ -58,14 +79,25 @@ class DistributedGraph(LayerRunner):
     @staticmethod
     def from_part(part: Part, own: np.ndarray, rank: int, world_size: int, *, group=None,
                   device=None) -> "DistributedGraph":
-        """The DistributedGraph of one Part (gnnio_cli.distributed.partition), on `device` (default: CPU)."""
+        """The DistributedGraph of one Part (gnnio_cli.distributed.partition), on `device` (default: CPU), its
+        own nodes reordered interior first."""
         num_own = part.num_own
-        graph = Graph.from_csr(torch.from_numpy(part.indptr), torch.from_numpy(part.indices),
-                               num_own + int(part.halo.size))
-        plan = HaloPlan(torch.from_numpy(part.send_index), tuple(int(c) for c in part.send_counts),
+        new_to_old, num_interior = _interior_first(part.indptr, part.indices, num_own)
+        old_to_new = np.empty_like(new_to_old)
+        old_to_new[new_to_old] = np.arange(num_own)
+        lengths = np.diff(part.indptr)[new_to_old]
+        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        # each new row's slots, in their old order: old start + position within the row
+        slots = np.repeat(part.indptr[:-1][new_to_old] - indptr[:-1], lengths) + np.arange(int(indptr[-1]))
+        indices = part.indices[slots]
+        own_source = indices < num_own
+        indices[own_source] = old_to_new[indices[own_source]]
+        graph = Graph.from_csr(torch.from_numpy(indptr), torch.from_numpy(indices), num_own + int(part.halo.size))
+        plan = HaloPlan(torch.from_numpy(old_to_new[part.send_index]), tuple(int(c) for c in part.send_counts),
                         tuple(int(c) for c in part.recv_counts), num_own, group)
-        dgraph = DistributedGraph(graph, plan, torch.from_numpy(np.asarray(own, dtype=np.int64)),
-                                  torch.from_numpy(part.edge_ids), rank, world_size)
+        own = np.asarray(own, dtype=np.int64)[new_to_old]
+        dgraph = DistributedGraph(graph, plan, torch.from_numpy(own), torch.from_numpy(part.edge_ids[slots]), rank,
+                                  world_size, num_interior)
         return dgraph.to(device) if device is not None else dgraph
 
     @staticmethod
@@ -101,7 +133,7 @@ class DistributedGraph(LayerRunner):
     def to(self, device) -> "DistributedGraph":
         """The same part with its graph and plan on `device` (the exchange log is shared)."""
         return DistributedGraph(self.graph.to(device), self.plan.to(device), self.own_nodes, self.edge_ids,
-                                self.rank, self.world_size, self.log)
+                                self.rank, self.world_size, self.num_interior, self.log)
 
     # ------------------------------------------------------------ use
     @property
@@ -116,13 +148,48 @@ class DistributedGraph(LayerRunner):
         """The halo rows [num_halo, *] of a node-wise tensor [num_own, *] (a collective; see exchange.halo_rows)."""
         return halo_rows(own, self.plan, self.log)
 
+    def start_halo(self, own: Tensor) -> PendingHalo:
+        """Start fetching the halo rows of `own` [num_own, *]; ``.wait()`` returns them (see exchange.start_halo)."""
+        return start_halo(own, self.plan, self.log)
+
     def source_rows(self, own: Tensor) -> Tensor:
         """[num_own + num_halo, *]: the rows of every source of this part, own rows first (a collective)."""
         return torch.cat([own, self.halo(own)])
 
+    def rolled(self, own: Tensor, halo: Tensor) -> Tensor:
+        """[num_own + num_halo, *]: the sources of the boundary rows as RowSplit.boundary numbers them: the own
+        boundary rows, the halo, then the own interior rows."""
+        return torch.cat([own[self.num_interior:], halo, own[: self.num_interior]])
+
+    def split(self, graph: Graph) -> RowSplit:
+        """`graph` (this part's graph or one derived from it with the same rows and sources, e.g. with
+        self-loops) split into interior and boundary rows; cached on `graph`."""
+        return graph.cached(("gnnio.distributed.split", self.num_interior), lambda: _split(graph, self.num_interior))
+
     def __repr__(self) -> str:
         return (f"DistributedGraph(rank={self.rank}/{self.world_size}, own={self.num_own}, halo={self.num_halo}, "
                 f"edges={self.graph.num_edges})")
+
+
+def _interior_first(indptr: np.ndarray, indices: np.ndarray, num_own: int) -> tuple[np.ndarray, int]:
+    """(new_to_old [num_own], num_interior): the part's rows reordered so that those whose sources are all own
+    nodes come first (each group in its old order)."""
+    rows = np.repeat(np.arange(num_own), np.diff(indptr))
+    reads_halo = np.zeros(num_own, dtype=bool)
+    reads_halo[rows[indices >= num_own]] = True
+    return np.argsort(reads_halo, kind="stable"), int(num_own - reads_halo.sum())
+
+
+def _split(graph: Graph, num_interior: int) -> RowSplit:
+    indptr, indices, eid = graph.csr_indptr, graph.csr_indices, graph.csr_eid
+    num_src, cut = graph.num_src_nodes, int(indptr[num_interior])
+    num_own = graph.num_dst_nodes
+    interior = Graph.from_csr(indptr[: num_interior + 1], indices[:cut], num_own)
+    outer = indices[cut:].long()
+    # sources rolled by num_interior: the boundary rows' own nodes first, the interior ones last
+    outer = torch.where(outer < num_interior, outer + (num_src - num_interior), outer - num_interior)
+    boundary = Graph.from_csr(indptr[num_interior:] - cut, outer.to(indices.dtype), num_src)
+    return RowSplit(interior, eid[:cut], boundary, eid[cut:])
 
 
 def _rank_and_size(group, parts: int) -> tuple[int, int]:

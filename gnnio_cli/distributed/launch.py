@@ -42,6 +42,15 @@ def backend_for(device: str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+def _init_group(device: str, **options) -> None:
+    """Join the process group; NCCL times its collectives on the GPU, so the halo exchange's report can tell
+    how long each took even when the rank's computation hid it (exchange.ExchangeLog)."""
+    backend = backend_for(device)
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
+    dist.init_process_group(backend, **options)
+
+
 def free_port() -> int:
     """A TCP port no process listens on now (for the group's rendezvous on this host)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -77,8 +86,8 @@ def _rank_main(worker: Callable, rank: int, world_size: int, port: int, device: 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     try:
-        dist.init_process_group(backend_for(device), rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout), device_id=_bound_device(device, rank))
+        _init_group(device, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout),
+                    device_id=_bound_device(device, rank))
         outcome = ("ok", worker(rank, world_size, *args))
     except BaseException as error:  # the parent reports it, in one line
         outcome = ("error", _one_line(error))
@@ -164,8 +173,8 @@ def run_ranks(worker: Callable, world_size: int, args: tuple = (), *, device: st
     if not under_torchrun():
         return spawn(worker, world_size, args, device=device, timeout=timeout, deadline=deadline)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout),
-                            device_id=_bound_device(device, int(os.environ.get("LOCAL_RANK", rank))))
+    _init_group(device, timeout=timedelta(seconds=timeout),
+                device_id=_bound_device(device, int(os.environ.get("LOCAL_RANK", rank))))
     try:
         try:
             result = worker(rank, size, *args)

@@ -174,7 +174,8 @@ def partition_graph(graph: Graph, parts: int, *, order: str = "none", seed: int 
             or (np.diff(row_starts) < 0).any()):
         raise GnnioError(f"partition: row_starts must be {parts + 1} non-decreasing ids from 0 to {num_nodes}, "
                          f"got {row_starts.tolist()}")
-    local = [_local_part(indptr, indices, eid, row_starts, rank) for rank in range(parts)]
+    slot = np.empty(num_nodes, dtype=np.int64)  # scratch, shared by the parts
+    local = [_local_part(indptr, indices, eid, row_starts, rank, slot) for rank in range(parts)]
     sends = _send_plans([halo for *_, halo in local], row_starts)
     built = tuple(
         Part(int(row_starts[rank]), int(row_starts[rank + 1]), part_indptr, part_indices, edge_ids, halo,
@@ -185,14 +186,22 @@ def partition_graph(graph: Graph, parts: int, *, order: str = "none", seed: int 
                      time.perf_counter() - started, built)
 
 
-def _local_part(indptr, indices, eid, row_starts, rank):
-    """(indptr, local source ids, original edge ids, halo) of rank `rank`'s rows."""
+def _local_part(indptr, indices, eid, row_starts, rank, slot: np.ndarray):
+    """(indptr, local source ids, original edge ids, halo) of rank `rank`'s rows; `slot` [num_nodes] is scratch.
+
+    The halo is found by marking node ids, and a halo node's local id read from `slot`: linear in nodes + edges
+    (a sort-based unique and a binary search of every edge took 5 s per part on rmat20)."""
     start, end = int(row_starts[rank]), int(row_starts[rank + 1])
     first, last = int(indptr[start]), int(indptr[end])
     sources = indices[first:last]
     own = (sources >= start) & (sources < end)
-    halo = np.unique(sources[~own])
-    local = np.where(own, sources - start, (end - start) + np.searchsorted(halo, sources))
+    remote = sources[~own]
+    marked = np.zeros(slot.size, dtype=bool)
+    marked[remote] = True
+    halo = np.flatnonzero(marked).astype(np.int64)  # ascending
+    slot[halo] = np.arange(end - start, end - start + halo.size)
+    local = sources - start
+    local[~own] = slot[remote]
     return indptr[start:end + 1] - first, local.astype(np.int64), eid[first:last].astype(np.int64), halo
 
 

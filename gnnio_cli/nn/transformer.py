@@ -127,20 +127,25 @@ class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv")
             residual=skip.view(-1, heads, channels) if fused_skip else None,
         )
         out, alpha = result if wants_attention else (result, None)
-        if out.is_cuda and out.dtype != torch.float32 and torch.is_autocast_enabled("cuda"):
-            # CUDA autocast runs the softmax's exp in fp32, so PyG's weighted messages, its output and its
-            # attention weights come out in fp32 (the op accumulates in fp32 and stores the features' dtype)
+        if alpha is not None and out.dtype != torch.float32 and _autocast_fp32(out):
+            alpha = alpha.float()
+        out = self._finish(out, skip, fused_skip)
+        if wants_attention:
+            return out, (returned_edges(edge_index, adjacency, changed=False), alpha)
+        return out
+
+    def _finish(self, out: Tensor, skip: Optional[Tensor], fused_skip: bool) -> Tensor:
+        """The attention op's rows [N, H, C] -> the output: fp32 under CUDA autocast, heads concatenated or
+        averaged, the skip connection (gated with beta) unless the op added it (fused_skip)."""
+        if out.dtype != torch.float32 and _autocast_fp32(out):
             out = out.float()
-            alpha = None if alpha is None else alpha.float()
-        out = out.reshape(-1, heads * channels) if self.concat else out.mean(dim=1)
+        out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if skip is not None and not fused_skip:
             if self.lin_beta is not None:
                 gate = self.lin_beta(torch.cat([out, skip, out - skip], dim=-1)).sigmoid()
                 out = gate * skip + (1 - gate) * out
             else:
                 out = out + skip
-        if wants_attention:
-            return out, (returned_edges(edge_index, adjacency, changed=False), alpha)
         return out
 
     def _reason(self, x: NodeFeatures, edge_index: Edges, edge_attr: Optional[Tensor]) -> Optional[str]:
@@ -161,6 +166,12 @@ class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _autocast_fp32(out: Tensor) -> bool:
+    """CUDA autocast runs the softmax's exp in fp32, so PyG's weighted messages, its output and its attention
+    weights come out in fp32 (the op accumulates in fp32 and stores the features' dtype)."""
+    return out.is_cuda and torch.is_autocast_enabled("cuda")
 
 
 class AGNNConv(ConvBase, pyg_name="AGNNConv"):
