@@ -394,7 +394,8 @@ __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chu
 
 // GAT's backward passes gather one row per edge and keep scalar scores: they
 // fit 64 registers, so 4 blocks per SM. VEC 8 (16-bit, two edge groups)
-// keeps 8 fp32 values per row sum where VEC 4 keeps 4: BLOCKS8 below.
+// keeps 8 fp32 values per row sum and gathered row where VEC 4 keeps 4:
+// 3 blocks for GAT, 2 for the others (registers: see target_edges_per_step).
 template <int KIND, int VEC>
 constexpr int backward_blocks_per_sm() {
   if constexpr (VEC == 8) return KIND == kGat ? 3 : 2;
@@ -427,7 +428,9 @@ constexpr int forward_edges_per_step() {
 
 // VEC 8 (16-bit backward passes, two edge groups): 2 edges per group, 4 per
 // warp step, against the 4-wide layout's 2-3 per warp: each instruction that
-// is not per-element arithmetic serves two edges, as in the forward.
+// is not per-element arithmetic serves two edges, as in the forward. At 2
+// blocks per SM (3 for GAT, backward_blocks_per_sm) ptxas (sm_90a) keeps
+// them in 70-124 registers; GAT's source pass spills 24-32 bytes.
 template <int KIND, int VEC>
 constexpr int target_edges_per_step() {
   return VEC == 4 && KIND == kDot ? 3 : 2;
