@@ -134,15 +134,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         }
       }
     });
-    if constexpr (G == 2) {
-      merge_group_sums<VEC>(weighted);
-      merge_group_sums<VEC>(plain);
+    if constexpr (G == 2) {  // only the sums the kind keeps: each element costs a shuffle per row
+      if constexpr (KIND != kGat) {
+        merge_group_sums<VEC>(weighted);
+        merge_group_sums<VEC>(plain);
+      }
       if constexpr (KIND == kGatV2) {
         merge_group_sums<VEC>(att_weighted);
         merge_group_sums<VEC>(att_plain);
       }
-      scalar_weighted = merged_groups(scalar_weighted);
-      scalar_plain = merged_groups(scalar_plain);
+      if constexpr (KIND == kGat || KIND == kCosine) {
+        scalar_weighted = merged_groups(scalar_weighted);
+        scalar_plain = merged_groups(scalar_plain);
+      }
       delta = merged_groups(delta);
     }
 
