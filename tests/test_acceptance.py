@@ -21,16 +21,19 @@ def test_every_suite_runs_and_writes_verdicts(tmp_path):
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())
     broken = [v["criterion"] for v in verdicts if v["criterion"].startswith("suite ran")]
     assert broken == []
-    assert {v["suite"] for v in verdicts} == {"spmm", "attention", "dropin", "study"}
+    assert {v["suite"] for v in verdicts} == {"spmm", "attention", "dropin", "study", "bf16"}
     # CPU timings decide the speed verdicts; the exit status must be theirs, whichever way they went.
     assert status == (0 if all(v["passed"] for v in verdicts) else 1), [v for v in verdicts if not v["passed"]]
     criteria = {v["criterion"] for v in verdicts}
     assert "gcn fwd / SpMM" in criteria and "sage-max layer train speedup over PyG" in criteria
     assert "patched vs PyG output max rel. error" in criteria
     assert "gatv2 fwd+bwd with super node / without" in criteria
+    assert "agnn bf16 speedup over fp32 (fwd+bwd)" in criteria
+    assert "2-layer GAT step, autocast bf16 over fp32" in criteria
     dropin = [v for v in verdicts if v["criterion"] == "patched vs PyG output max rel. error"][0]
     assert dropin["passed"], dropin
-    for name in ("spmm_grid6_fp32.json", "attention_grid6_bf16.json", "dropin_grid6.json", "study_grid6.json"):
+    for name in ("spmm_grid6_fp32.json", "attention_grid6_bf16.json", "dropin_grid6.json", "study_grid6.json",
+                 "bf16_grid6_gat_step.json"):
         assert (tmp_path / name).exists(), name
 
 

@@ -23,6 +23,10 @@ LAYERS = {
     "GATConv": ("GATConv", (IN, 4), {"heads": 2}),
     "GATv2Conv": ("GATv2Conv", (IN, 4), {"heads": 2}),
     "TransformerConv": ("TransformerConv", (IN, 4), {"heads": 2}),
+    # 8 channels per head: the attention kernels' 16-bit 8-wide layout, forward and backward (AGNN's 16 too)
+    "GATConv-8": ("GATConv", (IN, 8), {"heads": 2}),
+    "GATv2Conv-8": ("GATv2Conv", (IN, 8), {"heads": 2}),
+    "TransformerConv-8": ("TransformerConv", (IN, 8), {"heads": 2}),
     "AGNNConv": ("AGNNConv", (), {}),
 }
 

@@ -246,12 +246,43 @@ def test_graph_without_edges_gives_zeros():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("edges", [True, False], ids=["edge-features", "no-edge-features"])
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (8, 64), (2, 128), (1, 8), (2, 12), (3, 33)])
 @pytest.mark.parametrize("kind", KINDS)
-def test_16bit_within_twice_torch_error(kind, dtype):
+def test_16bit_within_twice_torch_error(kind, heads, channels, edges, dtype):
+    """16-bit output and every gradient within twice torch's own 16-bit error of the fp64 oracle, on the hub
+    graph (rows cut into tiles in both passes), empty rows and one-edge rows, results in NaN-poisoned memory.
+    C % 8 == 0 takes the backward passes' 8-wide layout (a warp's halves sum every other edge of a row, their
+    sums added at its end; 8 x 64 in several head groups, 2 x 128 the widest head it holds); 12 channels the
+    4-wide layout, 33 the scalar one."""
+    if kind == "agnn" and edges:
+        pytest.skip("AGNN takes no edge features")
+    heads = 1 if kind == "agnn" else heads
     graph = small_graph().to("cuda")
-    inputs = make_inputs(kind, graph, 4, 32, dtype, edges=kind in EDGE_KINDS, seed=13)
+    inputs = make_inputs(kind, graph, heads, channels, dtype, edges=edges, seed=13 + heads * channels)
+    forward_backward(kind, graph, inputs, "native")  # the graph's cached structures first, then poison
+    poison_cuda_cache(16 * graph.num_edges * heads * channels)
     out = check_16bit_against_oracle(kind, graph, inputs)
     assert out.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_16bit_rows_off_16_bytes_take_the_4_wide_backward(kind, dtype):
+    """16-bit feature rows that start 8 bytes off a 16-byte boundary cannot take the 8-wide layout's 16-byte
+    loads: the passes fall back to the 4-wide one, still within twice torch's own 16-bit error."""
+    graph = small_graph().to("cuda")
+    shifted = {}
+    for name, t in make_inputs(kind, graph, 4, 32, dtype, edges=kind in EDGE_KINDS, seed=71).items():
+        if t.dim() < 2:  # AGNN's beta is read one value at a time
+            shifted[name] = t
+            continue
+        flat = torch.empty(t.numel() + 4, dtype=dtype, device="cuda")
+        view = flat[4:].view(t.shape)  # contiguous, its start 8 bytes off 16
+        view.copy_(t.detach())
+        assert view.data_ptr() % 16 == 8
+        shifted[name] = view.requires_grad_()
+    check_16bit_against_oracle(kind, graph, shifted)
 
 
 @pytest.mark.parametrize("channels", [32, 33])
@@ -281,9 +312,12 @@ class _MaskedFunctional:
         return alpha * self._keep.to(alpha.dtype) / (1.0 - p)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", KINDS)
-def test_dropout_mask_is_regenerated_in_backward(kind, monkeypatch):
-    """The kernel's mask, read back through GAT's after-dropout weights, reproduces its forward and backward."""
+def test_dropout_mask_is_regenerated_in_backward(kind, dtype, monkeypatch):
+    """The kernel's mask, read back through GAT's after-dropout weights, reproduces its forward and backward;
+    16-bit (8 channels: the backward passes' 8-wide layout, whose halves take different edges) within twice
+    torch's own 16-bit error of the fp64 oracle under the same mask."""
     graph = small_graph().to("cuda")
     heads = 1 if kind == "agnn" else 3
     probability = 0.3
@@ -294,13 +328,20 @@ def test_dropout_mask_is_regenerated_in_backward(kind, monkeypatch):
     kept = keep.float().mean().item()
     assert abs(kept - (1 - probability)) < 0.03, kept
 
-    inputs = make_inputs(kind, graph, heads, 8, torch.float32, edges=kind in EDGE_KINDS, seed=23)
+    inputs = make_inputs(kind, graph, heads, 8, dtype, edges=kind in EDGE_KINDS, seed=23)
     torch.cuda.manual_seed(1234)
     out, _, grads = forward_backward(kind, graph, inputs, "native", dropout=probability, training=True)
     # The reference draws its mask over eid-ordered weights (as PyG does), so the fixed mask is in eid order.
     keep_eid = keep if kind != "agnn" else keep.reshape(-1, 1)
     monkeypatch.setattr(attention_ops, "F", _MaskedFunctional(attention_ops.F, keep_eid))
     ref_out, _, ref_grads = forward_backward(kind, graph, upcast(inputs), "reference", dropout=probability, training=True)
+    if dtype != torch.float32:
+        torch_out, _, torch_grads = forward_backward(kind, graph, upcast(inputs, dtype), "reference",
+                                                     dropout=probability, training=True)
+        assert_within_torch_error(out, ref_out, torch_out)
+        for name in grads:
+            assert_within_torch_error(grads[name], ref_grads[name], torch_grads[name])
+        return
     assert relative_error(out, ref_out) <= FP32_TOLERANCE
     for name in grads:
         assert relative_error(grads[name], ref_grads[name]) <= 10 * FP32_TOLERANCE, name
@@ -372,14 +413,16 @@ def test_every_schedule_candidate_computes_the_same_function():
             assert relative_error(grads[name], chosen_grads[name]) <= 10 * FP32_TOLERANCE, (schedule, name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("schedule", [None, attention_native.EDGE_BALANCED], ids=["chosen", "edge-balanced"])
-def test_results_are_bitwise_reproducible(kind, schedule):
+def test_results_are_bitwise_reproducible(kind, schedule, dtype):
     """No atomics anywhere: the same inputs give bitwise the same output and gradients, call after call,
-    on the hub graph whose rows are cut into tiles (the kernels are always in deterministic mode)."""
+    on the hub graph whose rows are cut into tiles (the kernels are always in deterministic mode; bf16's
+    backward passes add their warp halves' sums in a fixed order)."""
     graph = small_graph().to("cuda")
     heads = 1 if kind == "agnn" else 3
-    inputs = make_inputs(kind, graph, heads, 32, torch.float32, edges=kind in EDGE_KINDS, seed=53)
+    inputs = make_inputs(kind, graph, heads, 32, dtype, edges=kind in EDGE_KINDS, seed=53)
     with attention_native.forced_schedule(schedule):
         first_out, _, first_grads = forward_backward(kind, graph, inputs, "native")
         for _ in range(3):
@@ -790,10 +833,11 @@ def general_forward(kind, graph, inputs, **options):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (2, 64)])
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 16), (2, 64), (2, 12)])
 def test_dot_passes_gathered_ahead_match_the_oracle(heads, channels, dtype, monkeypatch):
     """Dot's passes without edge features gather ahead through shared memory (4-wide; the 16-bit forward
-    8-wide, two edge groups per warp), with L2 hints on most rows here: they must match the fp64 reference
+    8-wide, two edge groups per warp; the 16-bit source pass only where C % 8 != 0, as for 12 channels,
+    else it takes the 8-wide per-step layout), with L2 hints on most rows here: they must match the fp64 reference
     (16-bit: within twice torch's error) on the hub graph, split rows and empty rows included, and the
     forward's output the general build's to rounding."""
     graph = small_graph().to("cuda")

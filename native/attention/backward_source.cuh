@@ -48,11 +48,15 @@ template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<KIND, VEC>()) backward_source_kernel(const Params<scalar_t> p) {
   constexpr int U = source_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
+  constexpr int G = Layout<VEC>::kGroups;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f;
-  const bool writer = lane.head_ok && lane.in_head == 0;
+  // Per-edge outputs come from the edge's group; per-row ones from group 0 after the merge (VEC 8).
+  const bool edge_writer = lane.head_ok && lane.in_head == 0;
+  const bool row_lane = lane.group == 0;
+  const bool writer = edge_writer && row_lane;
   const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
 
   Chunks<VEC> att;
@@ -75,8 +79,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
     set_zero<VEC>(key_grad);
     float scalar_grad = 0.f;
 
-    for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
-                     [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
+    for_each_step<U, G>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
+                        [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       // gathers first, with no branch between them (see forward_kernel)
       Chunks<VEC> grad[U], target[U], hidden[U];
       float partial[U], message_dot[U], row_lse[U], row_delta[U], z[U], target_inverse_norm[U];
@@ -158,9 +162,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           score = lane_sum<VEC>(partial[u], geo, lane) * factor;
         }
         const float dp = lane_sum<VEC>(message_dot[u], geo, lane);
+        // edge_id shuffles on the whole warp: before the branch on valid (the groups' edges differ)
+        const int64_t e = need_eid ? edge_id(u) : 0;
         if (!valid[u]) continue;
         const float prob = softmax_exp(score - row_lse[u]);
-        const float drop = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
+        const float drop = dropout.p > 0.f ? dropout.weight(e, lane.head) : 1.f;
         const float score_grad = prob * (drop * dp - row_delta[u]);
         add_scaled<VEC>(source_grad, prob * drop, grad[u]);
         if constexpr (KIND == kCosine) {
@@ -168,7 +174,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           add_scaled<VEC>(key_grad, score_grad * factor * target_inverse_norm[u], target[u]);
         } else if constexpr (KIND == kDot) {
           add_scaled<VEC>(key_grad, score_grad * p.scale, target[u]);
-          if (p.edge_grads && writer) p.edge_grads[edge_id.slot(u) * geo.heads + lane.head] = score_grad * p.scale;
+          if (p.edge_grads && edge_writer) p.edge_grads[edge_id.slot(u) * geo.heads + lane.head] = score_grad * p.scale;
           if (p.grad_edge) {
             Chunks<VEC> edge_grad;
 #pragma unroll
@@ -176,7 +182,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
 #pragma unroll
               for (int v = 0; v < VEC; ++v)
                 edge_grad[k][v] = score_grad * p.scale * target[u][k][v] + prob * drop * grad[u][k][v];
-            store_row<VEC>(p.grad_edge, edge_id(u), geo, lane, edge_grad);
+            store_row<VEC>(p.grad_edge, e, geo, lane, edge_grad);
           }
         } else if constexpr (KIND == kGatV2) {
           Chunks<VEC> hidden_grad;
@@ -186,30 +192,36 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
             for (int v = 0; v < VEC; ++v)
               hidden_grad[k][v] = score_grad * att[k][v] * leaky_relu_grad(hidden[u][k][v], p.slope);
           add_to<VEC>(source_grad, hidden_grad);
-          if (p.grad_edge) store_row<VEC>(p.grad_edge, edge_id(u), geo, lane, hidden_grad);
+          if (p.grad_edge) store_row<VEC>(p.grad_edge, e, geo, lane, hidden_grad);
         } else {
           const float z_grad = score_grad * leaky_relu_grad(z[u], p.slope);
           scalar_grad += z_grad;
-          if (p.grad_edge) {
-            const int64_t e = edge_id(u);
-            if (writer) p.grad_edge[e * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
-          }
-          if (p.edge_grads && writer) p.edge_grads[edge_id.slot(u) * geo.heads + lane.head] = z_grad;
+          if (p.grad_edge && edge_writer) p.grad_edge[e * geo.heads + lane.head] = static_cast<scalar_t>(z_grad);
+          if (p.edge_grads && edge_writer) p.edge_grads[edge_id.slot(u) * geo.heads + lane.head] = z_grad;
         }
       }
     });
+    if constexpr (G == 2) {
+      merge_group_sums<VEC>(source_grad);
+      if constexpr (KIND == kDot || KIND == kCosine) merge_group_sums<VEC>(key_grad);
+      if constexpr (KIND == kGat) scalar_grad = merged_groups(scalar_grad);
+    }
 
     if (item.partial < 0) {
       // Cosine: d x_src whole (the heavy rows' tiles get it from a node pass over those rows)
       if constexpr (KIND == kCosine) cosine_source_row_grad<VEC>(p, item.row, geo, lane, message, norm, key_grad, source_grad);
-      store_row_at<VEC>(p.grad_vec + item.row * p.grad_vec_stride, lane, source_grad);
-      if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
+      if (row_lane) {
+        store_row_at<VEC>(p.grad_vec + item.row * p.grad_vec_stride, lane, source_grad);
+        if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, item.row, geo, lane, key_grad);
+      }
       if (KIND == kGat && writer) {
         p.grad_scalar[item.row * p.grad_scalar_stride + lane.head] = static_cast<scalar_t>(scalar_grad);
       }
     } else {
-      store_row<VEC>(p.part_vec, item.partial, geo, lane, source_grad);
-      if constexpr (KIND == kDot || KIND == kCosine) store_row<VEC>(p.part_vec2, item.partial, geo, lane, key_grad);
+      if (row_lane) {
+        store_row<VEC>(p.part_vec, item.partial, geo, lane, source_grad);
+        if constexpr (KIND == kDot || KIND == kCosine) store_row<VEC>(p.part_vec2, item.partial, geo, lane, key_grad);
+      }
       if (KIND == kGat && writer) p.part_scalar[item.partial * geo.heads + lane.head] = scalar_grad;
     }
   }, [&](int64_t row) {
@@ -222,11 +234,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
       load_row<VEC>(p.msg_src, row, geo, lane, x);
       const float norm = row_norm_of<VEC>(p.src_norm, row, geo, lane);
       cosine_source_row_grad<VEC>(p, row, geo, lane, x, norm, zero, grad);
-      store_row<VEC>(p.grad_vec, row, geo, lane, grad);
-    } else {
+      if (row_lane) store_row<VEC>(p.grad_vec, row, geo, lane, grad);
+    } else if (row_lane) {
       store_row_at<VEC>(p.grad_vec + row * p.grad_vec_stride, lane, zero);
     }
-    if constexpr (KIND == kDot) store_row<VEC>(p.grad_vec2, row, geo, lane, zero);
+    if constexpr (KIND == kDot) {
+      if (row_lane) store_row<VEC>(p.grad_vec2, row, geo, lane, zero);
+    }
     if (KIND == kGat && writer) p.grad_scalar[row * p.grad_scalar_stride + lane.head] = static_cast<scalar_t>(0.f);
   });
 }

@@ -40,11 +40,15 @@ template <int KIND, int VEC, typename scalar_t>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<KIND, VEC>()) backward_target_kernel(const Params<scalar_t> p) {
   constexpr int U = target_edges_per_step<KIND, VEC>();
   constexpr int K = Layout<VEC>::kChunks;
+  constexpr int G = Layout<VEC>::kGroups;
   const LaneGeometry geo = p.geo;  // copies: taking the address of a kernel parameter puts it on the stack
   const Dropout dropout = p.dropout;
   const Lane<VEC> lane(geo);
   const bool need_eid = p.edge != nullptr || dropout.p > 0.f;
-  const bool writer = lane.head_ok && lane.in_head == 0;
+  // VEC 8: each group sums every other edge of the row; after the merge both hold the row's sums, and
+  // group 0 stores them
+  const bool row_lane = lane.group == 0;
+  const bool writer = lane.head_ok && lane.in_head == 0 && row_lane;
   const float factor = score_factor<KIND>(p, lane.head, lane.head_ok);
 
   Chunks<VEC> att, att_grad;  // GATv2: the attention vector and this warp's share of its gradient
@@ -69,8 +73,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
     set_zero<VEC>(att_plain);
     float scalar_weighted = 0.f, scalar_plain = 0.f, delta = 0.f;
 
-    for_each_step<U>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
-                     [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
+    for_each_step<U, G>(item.begin, item.end, p.indices, p.eid, need_eid, lane.lane,
+                        [&](const int64_t(&neighbour)[U], const bool(&valid)[U], const StepEdges& edge_id) {
       // gathers first, with no branch between them (see forward_kernel)
       Chunks<VEC> message[U], key[U];  // key: Dot's key + edge; GATv2's hidden
       float partial[U], message_dot[U], z[U], inverse_norm[U];
@@ -94,9 +98,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
           score = lane_sum<VEC>(partial[u], geo, lane) * factor;
         }
         const float dp = lane_sum<VEC>(message_dot[u], geo, lane);
+        // edge_id shuffles on the whole warp: before the branch on valid (the groups' edges differ)
+        const float drop = dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f;
         if (!valid[u]) continue;
         const float prob = softmax_exp(score - row_lse);
-        const float r = prob * (dropout.p > 0.f ? dropout.weight(edge_id(u), lane.head) : 1.f) * dp;
+        const float r = prob * drop * dp;
         delta += r;
         if constexpr (KIND == kDot) {
           add_scaled<VEC>(weighted, r, key[u]);
@@ -128,6 +134,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
         }
       }
     });
+    if constexpr (G == 2) {  // only the sums the kind keeps: each element costs a shuffle per row
+      if constexpr (KIND != kGat) {
+        merge_group_sums<VEC>(weighted);
+        merge_group_sums<VEC>(plain);
+      }
+      if constexpr (KIND == kGatV2) {
+        merge_group_sums<VEC>(att_weighted);
+        merge_group_sums<VEC>(att_plain);
+      }
+      if constexpr (KIND == kGat || KIND == kCosine) {
+        scalar_weighted = merged_groups(scalar_weighted);
+        scalar_plain = merged_groups(scalar_plain);
+      }
+      delta = merged_groups(delta);
+    }
 
     if (item.partial < 0) {
       if (writer)
@@ -146,7 +167,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
             result[k][v] = scale * (weighted[k][v] - delta * plain[k][v]);
             att_grad[k][v] += att_weighted[k][v] - delta * att_plain[k][v];
           }
-        store_row<VEC>(p.grad_vec, item.row, geo, lane, result);
+        if (row_lane) store_row<VEC>(p.grad_vec, item.row, geo, lane, result);
         if constexpr (KIND == kCosine) beta_grad += scalar_weighted - delta * scalar_plain;
       }
     } else {
@@ -166,11 +187,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
               weighted[k][v] *= att[k][v];
               plain[k][v] *= att[k][v];
             }
-          store_row<VEC>(p.part_att, item.partial, geo, lane, att_weighted);
-          store_row<VEC>(p.part_att2, item.partial, geo, lane, att_plain);
+          if (row_lane) {
+            store_row<VEC>(p.part_att, item.partial, geo, lane, att_weighted);
+            store_row<VEC>(p.part_att2, item.partial, geo, lane, att_plain);
+          }
         }
-        store_row<VEC>(p.part_vec, item.partial, geo, lane, weighted);
-        store_row<VEC>(p.part_vec2, item.partial, geo, lane, plain);
+        if (row_lane) {
+          store_row<VEC>(p.part_vec, item.partial, geo, lane, weighted);
+          store_row<VEC>(p.part_vec2, item.partial, geo, lane, plain);
+        }
       }
     }
   }, [&](int64_t row) {
@@ -178,7 +203,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
     if (writer) store_row_stats(p.stats_out, row * geo.heads + lane.head, KIND == kCosine, 0.f, 0.f, 0.f);
     if constexpr (KIND == kGat) {
       if (writer) p.grad_scalar[row * geo.heads + lane.head] = static_cast<scalar_t>(0.f);
-    } else {
+    } else if (row_lane) {
       Chunks<VEC> zero;
       set_zero<VEC>(zero);
       store_row<VEC>(p.grad_vec, row, geo, lane, zero);
@@ -189,7 +214,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, backward_blocks_per_sm<
   // row per warp (fixed item assignment: deterministic), summed on the host
   // side. No block barrier: warps of a block end at different times.
   // Cosine: the same for d beta, one value per (warp, head).
-  if constexpr (KIND == kGatV2) store_row<VEC>(p.att_partial, warp_index(), geo, lane, att_grad);
+  if constexpr (KIND == kGatV2) {
+    if (row_lane) store_row<VEC>(p.att_partial, warp_index(), geo, lane, att_grad);
+  }
   if constexpr (KIND == kCosine) {
     if (writer) p.att_partial[warp_index() * geo.heads + lane.head] = beta_grad;
   }

@@ -38,13 +38,13 @@ __device__ __forceinline__ float clamped_norm(float norm) { return norm < kNormF
 // holds channels (k * lanes_per_head + l) * VEC .. + VEC for k < K.
 // VEC = 4 (one 16-byte fp32 or 8-byte 16-bit load) when C % 4 == 0 and
 // C <= 128; VEC = 1 with K = 8 otherwise (C <= 256). VEC = 8, 16-bit
-// forward only (one 16-byte load of 8 elements, C % 8 == 0, C <= 128):
+// features only (one 16-byte load of 8 elements, C % 8 == 0, C <= 128):
 // the warp's two halves (kGroups = 2) each take every other edge of the
 // row, so each instruction that is not per-element arithmetic (ids, head
-// sums, softmax, loop) serves two edges; the halves' softmax states merge
-// at the row's end. Its head sums add 8-channel lanes where the backward
-// passes (VEC 4) add 4-channel ones, so a 16-bit score recomputed in
-// backward equals the forward's up to fp32 rounding, not bit for bit.
+// sums, softmax, loop) serves two edges; the halves' softmax states (forward)
+// or gradient sums (backward) merge at the row's end. The forward's packed
+// builds sum their scores on the tensor cores, so a 16-bit score recomputed
+// in backward equals the forward's up to fp32 rounding, not bit for bit.
 template <int VEC>
 struct Layout {
   static constexpr int kChunks = VEC == 1 ? 8 : 1;

@@ -38,8 +38,9 @@ constexpr const char* kBackwardTargetFromEdges[] = {"gnnio::gat_attention_backwa
 
 // The runtime vector width becomes a template parameter; each kind's file
 // (gat.cu, gatv2.cu, dot.cu, cosine.cu) instantiates the passes for its kind:
-// 2 widths x 3 dtypes = 6 instantiations per kernel and kind (the forward also
-// has VEC 8 for the two 16-bit dtypes: launch_paired_forward).
+// 2 widths x 3 dtypes = 6 instantiations per kernel and kind, and VEC 8 for
+// the two 16-bit dtypes (the forward's launch_paired_forward, the backward
+// passes' GNNIO_ATTENTION_PAIRED_VEC_SWITCH): 2 more.
 #define GNNIO_ATTENTION_VEC_SWITCH(vec, ...) \
   [&] {                                      \
     if (vec == 4) {                          \
@@ -48,6 +49,19 @@ constexpr const char* kBackwardTargetFromEdges[] = {"gnnio::gat_attention_backwa
     }                                        \
     constexpr int VEC = 1;                   \
     return __VA_ARGS__();                    \
+  }()
+
+// GNNIO_ATTENTION_VEC_SWITCH with VEC 8 as well where scalar_t is 16-bit
+// (paired_vector_width picks it only there).
+#define GNNIO_ATTENTION_PAIRED_VEC_SWITCH(vec, ...)      \
+  [&] {                                                  \
+    if constexpr (sizeof(scalar_t) == 2) {               \
+      if (vec == 8) {                                    \
+        constexpr int VEC = 8;                           \
+        return __VA_ARGS__();                            \
+      }                                                  \
+    }                                                    \
+    return GNNIO_ATTENTION_VEC_SWITCH(vec, __VA_ARGS__); \
   }()
 
 // The widest head C that the two layouts hold: VEC 4 x 1 chunk x 32 lanes,
@@ -134,9 +148,13 @@ int vector_width(const Features& f, std::initializer_list<const at::Tensor*> mor
   return all_aligned(f, more, 4) ? 4 : 1;
 }
 
-// The fused forward also takes VEC 8 (two edges per warp at a time, see
-// Layout) for 16-bit features with C % 8 == 0 and 8-element alignment.
-int forward_vector_width(const Features& f, std::initializer_list<const at::Tensor*> more) {
+// The fused forward and both backward passes also take VEC 8 (two edges per
+// warp at a time, see Layout) for 16-bit features with C % 8 == 0 and
+// 8-element alignment. In the 4-wide layout a 16-bit pass issued as many
+// loads, shuffles and instructions per edge as an fp32 one, for half the
+// bytes: these latency-bound gathers then took fp32's time (H200, rmat20
+// 4 x 32, bf16 against fp32 fwd+bwd: GAT 5.85 vs 5.59 ms, GATv2 9.77 vs 9.66).
+int paired_vector_width(const Features& f, std::initializer_list<const at::Tensor*> more) {
   const int vec = vector_width(f, more);
   const bool paired = vec == 4 && at::elementSize(f.dtype) == 2 && f.channels % 8 == 0 && all_aligned(f, more, 8);
   return paired ? 8 : vec;
@@ -303,7 +321,7 @@ void launch_forward(const Params<scalar_t>& p, cudaStream_t stream) {
 }
 
 // The fused forward in the VEC 8 layout (16-bit features only; the host
-// picks it through forward_vector_width).
+// picks it through paired_vector_width).
 template <int KIND, typename scalar_t>
 void launch_paired_forward(const Params<scalar_t>& p, cudaStream_t stream) {
   if constexpr (sizeof(scalar_t) == 2) {
@@ -397,7 +415,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   // the edge-balanced schedule's fused pass keeps the one-edge-per-warp layouts
   const at::Tensor& bias_or_out = bias.has_value() ? *bias : out;  // alignment of each tensor read
   const at::Tensor& residual_or_out = residual.has_value() ? *residual : out;
-  const int vec = slot_rows == nullptr ? forward_vector_width(f, {&out, &bias_or_out, &residual_or_out})
+  const int vec = slot_rows == nullptr ? paired_vector_width(f, {&out, &bias_or_out, &residual_or_out})
                                        : vector_width(f, {&out, &bias_or_out, &residual_or_out});
   // Dot's forward gathers ahead in the 4-wide layout and, for 16-bit rows, the 8-wide one (two edge
   // groups per warp). H100, rmat20, bf16 4 x 32: 1.97 ms per step (8-wide forward_kernel), 2.09
@@ -541,7 +559,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
   at::Tensor part_beta_weighted = at::empty({cosine ? tiles : 0, f.heads}, float_options);
   at::Tensor part_beta_plain = at::empty({cosine ? tiles : 0, f.heads}, float_options);
   at::Tensor beta_rows = at::empty({cosine ? schedule.num_heavy : 0, f.heads}, float_options);
-  const int vec = vector_width(f, {&grad_out, &grad_dst});
+  const int vec = paired_vector_width(f, {&grad_out, &grad_dst});
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor grad_att = at::empty({0}, msg_src.options());
 
@@ -561,7 +579,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_target(
     p.part_scalar2 = (cosine ? part_beta_plain : part_plain).data_ptr<float>();
     p.part_att = part_att_weighted.data_ptr<float>();
     p.part_att2 = part_att_plain.data_ptr<float>();
-    GNNIO_ATTENTION_VEC_SWITCH(vec, [&] {
+    GNNIO_ATTENTION_PAIRED_VEC_SWITCH(vec, [&] {
       const auto kernel = backward_target_kernel<KIND, VEC, scalar_t>;
       const dim3 grid = resident_grid(kernel, p);
       // GATv2: one attention-vector partial row per resident warp; Cosine: one d beta row
@@ -653,8 +671,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   at::Tensor part_vec = at::empty({tiles, f.heads, f.channels}, float_options);
   at::Tensor part_vec2 = at::empty({has_key ? tiles : 0, f.heads, f.channels}, float_options);
   at::Tensor part_scalar = at::empty({kind == kGat ? tiles : 0, f.heads}, float_options);
-  // 4-wide stores into packed rows need their width a multiple of 4 as well
-  const int vec = packed_width % 4 == 0 ? vector_width(f, {&grad_out, &grad_msg, &grad_key, &grad_edge}) : 1;
+  // vector stores into packed rows need their width a multiple of the vector width as well
+  int vec = paired_vector_width(f, {&grad_out, &grad_msg, &grad_key, &grad_edge});
+  while (packed_width % vec != 0) vec = vec == 8 ? 4 : 1;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
@@ -677,7 +696,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
         launch_ahead<DotSourceRing<scalar_t>, 4>(dot_source_ahead_kernel<scalar_t, 8>,
                                                  dot_source_ahead_kernel<scalar_t, 0>, p, stream);
     } else {
-      GNNIO_ATTENTION_VEC_SWITCH(vec, [&] { launch_resident(backward_source_kernel<KIND, VEC, scalar_t>, p, stream); });
+      GNNIO_ATTENTION_PAIRED_VEC_SWITCH(vec, [&] {
+        launch_resident(backward_source_kernel<KIND, VEC, scalar_t>, p, stream);
+      });
     }
     sum_tiles(schedule, f.heads * f.channels, part_vec, grad_msg, has_key ? &part_vec2 : nullptr,
               has_key ? &grad_key : nullptr);

@@ -393,9 +393,12 @@ __device__ __forceinline__ float gatv2_partial(const Chunks<VEC>& att, const Chu
 // forward_blocks_per_sm, after the packed builds it depends on.)
 
 // GAT's backward passes gather one row per edge and keep scalar scores: they
-// fit 64 registers, so 4 blocks per SM.
+// fit 64 registers, so 4 blocks per SM. VEC 8 (16-bit, two edge groups)
+// keeps 8 fp32 values per row sum and gathered row where VEC 4 keeps 4:
+// 3 blocks for GAT, 2 for the others (registers: see target_edges_per_step).
 template <int KIND, int VEC>
 constexpr int backward_blocks_per_sm() {
+  if constexpr (VEC == 8) return KIND == kGat ? 3 : 2;
   return VEC == 4 ? (KIND == kGat ? 4 : 3) : 1;
 }
 
@@ -423,6 +426,12 @@ constexpr int forward_edges_per_step() {
   return VEC == 8 ? (KIND == kGat || KIND == kCosine ? 4 : 2) : VEC != 4 ? 2 : KIND == kDot ? 3 : 4;
 }
 
+// VEC 8 (16-bit backward passes, two edge groups): 2 edges per group, 4 per
+// warp step, against the 4-wide layout's 2-3 per warp: each instruction that
+// is not per-element arithmetic serves two edges, as in the forward. At 2
+// blocks per SM (3 for GAT, backward_blocks_per_sm) ptxas (sm_90a) keeps
+// them in 70-128 registers; GAT's source pass spills 24-32 bytes, GATv2's
+// target pass (four row sums besides its gathered rows) 32 (bf16) to 76 (fp16).
 template <int KIND, int VEC>
 constexpr int target_edges_per_step() {
   return VEC == 4 && KIND == kDot ? 3 : 2;
@@ -431,6 +440,22 @@ constexpr int target_edges_per_step() {
 template <int KIND, int VEC>
 constexpr int source_edges_per_step() {
   return VEC == 4 && KIND == kGatV2 ? 3 : 2;
+}
+
+// VEC 8 (two edge groups): the row sums of one group added to the other's,
+// so both halves of the warp end a row with its whole sums (the forward's
+// merge_groups for plain sums). One addition of two numbers is the same
+// either way round, so both halves hold the same bits: deterministic.
+__device__ __forceinline__ float merged_groups(float value) {
+  return value + __shfl_xor_sync(kFullMask, value, kWarp / 2);
+}
+
+template <int VEC>
+__device__ __forceinline__ void merge_group_sums(Chunks<VEC>& x) {
+#pragma unroll
+  for (int k = 0; k < Layout<VEC>::kChunks; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) x[k][v] = merged_groups(x[k][v]);
 }
 
 // Cosine's norms are fp32 [N, H, 2]: per (row, head) |x| and 1 / max(|x|,

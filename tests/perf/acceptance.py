@@ -6,6 +6,10 @@ a verdict file to --out, and prints a short table last: one line per
 criterion with the measured ratio, the bound and pass/fail.
 
     python tests/perf/acceptance.py --out DIR [--suite spmm,attention] [--graphs rmat20,uniform20,grid1024]
+
+16-bit training alone (issue 37: each attention kind's fwd+bwd and a 2-layer GAT step, bf16 against fp32):
+
+    python tests/perf/acceptance.py --out DIR --suite bf16
 """
 
 from __future__ import annotations
@@ -86,11 +90,14 @@ def _aggregation_verdicts(suite, graph, result, bounds) -> list[Verdict]:
     return verdicts
 
 
-def _bf16_verdicts(suite, graph, fp32, bf16) -> list[Verdict]:
+def _bf16_verdicts(suite, graph, fp32, bf16, phases=(("forward", "fwd", 1.5),)) -> list[Verdict]:
+    """bf16's speedup over fp32 per layer, for each (phase, label, bound) of `phases`."""
     verdicts = []
     for entry32, entry16 in zip(fp32["results"], bf16["results"]):
-        speedup = _median(_runs(entry32)["gnnio"], "forward") / _median(_runs(entry16)["gnnio"], "forward")
-        verdicts.append(Verdict(suite, graph, f"{entry32['layer']} bf16 speedup over fp32 (fwd)", speedup, 1.5, speedup >= 1.5))
+        for phase, label, bound in phases:
+            speedup = _median(_runs(entry32)["gnnio"], phase) / _median(_runs(entry16)["gnnio"], phase)
+            verdicts.append(Verdict(suite, graph, f"{entry32['layer']} bf16 speedup over fp32 ({label})", speedup,
+                                    bound, speedup >= bound))
     return verdicts
 
 
@@ -286,6 +293,68 @@ def run_dropin_suite(graphs, out: Path) -> list[Verdict]:
     return verdicts
 
 
+class _TwoLayerGAT(torch.nn.Module):
+    """Two gnnio GATConv layers with an ELU between: the 16-bit training step's model."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        from gnnio_cli.nn import GATConv
+
+        self.conv1 = GATConv(width, width // heads, heads=heads)
+        self.conv2 = GATConv(width, width // heads, heads=heads)
+
+    def forward(self, x, edge_index):
+        return self.conv2(torch.nn.functional.elu(self.conv1(x, edge_index)), edge_index)
+
+
+def run_bf16_suite(graphs, out: Path) -> list[Verdict]:
+    """Issue 37, on the headline graph (128 features, 4 heads x 32): each attention kind's aggregation forward and
+    fwd+bwd in bf16 against fp32, and a 2-layer GAT training step under torch.autocast(bfloat16) against fp32
+    (one model, the two steps timed alternately in this process). Prints the times and ratios."""
+    from gnnio_cli.bench.timing import time_call
+    from gnnio_cli.graph import catalog
+
+    graph_name, device, width, heads = HEADLINE_GRAPH, torch.device(DEVICE), 128, 4
+    fp32 = _compare(graph_name, ATTENTION_LAYERS, [], "aggregation")
+    bf16 = _compare(graph_name, ATTENTION_LAYERS, [], "aggregation", dtype="bf16")
+    _write(out / f"bf16_{_label(graph_name)}_aggregation_fp32.json", fp32)
+    _write(out / f"bf16_{_label(graph_name)}_aggregation_bf16.json", bf16)
+    verdicts = _bf16_verdicts("bf16", graph_name, fp32, bf16, (("forward", "fwd", 1.5), ("train", "fwd+bwd", 1.6)))
+    print(f"\n{graph_name}, {heads} x {width // heads}: aggregation   fp32 ms   bf16 ms   fp32/bf16")
+    for entry32, entry16 in zip(fp32["results"], bf16["results"]):
+        for phase, label in (("forward", "fwd"), ("train", "fwd+bwd")):
+            ms32, ms16 = _median(_runs(entry32)["gnnio"], phase), _median(_runs(entry16)["gnnio"], phase)
+            print(f"{entry32['layer']:12s} {label:8s} {ms32:9.3f} {ms16:9.3f} {ms32 / ms16:9.2f}", flush=True)
+
+    graph = catalog.resolve(graph_name).graph.to(device)
+    edge_index = graph.edge_index()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(graph.num_nodes, width, generator=generator).to(device)
+    grad = torch.randn(graph.num_nodes, width, generator=generator).to(device)
+    torch.manual_seed(0)
+    model = _TwoLayerGAT(width, heads).to(device)
+
+    def step(autocast: bool):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            result = model(x, edge_index)
+        result.backward(grad.to(result.dtype))
+
+    times = {"fp32": [], "autocast bf16": []}
+    for _ in range(3):  # alternate rounds: drift falls on both alike
+        for label, autocast in (("fp32", False), ("autocast bf16", True)):
+            times[label].append(time_call(lambda: step(autocast), device, warmup=2, repeat=5).median_ms)
+    medians = {label: statistics.median(samples) for label, samples in times.items()}
+    speedup = medians["fp32"] / medians["autocast bf16"]
+    document = {"graph": graph_name, "model": f"2 x GATConv({width}, {width // heads}, heads={heads})",
+                "train_step_median_ms": medians, "speedup": speedup}
+    _write(out / f"bf16_{_label(graph_name)}_gat_step.json", document)
+    print(f"2-layer GAT train step  {medians['fp32']:9.3f} {medians['autocast bf16']:9.3f} {speedup:9.2f}", flush=True)
+    verdicts.append(Verdict("bf16", graph_name, "2-layer GAT step, autocast bf16 over fp32", speedup,
+                            1.6, speedup >= 1.6))
+    return verdicts
+
+
 STUDY_ORDERS = ["none", "rcm", "degree", "rabbit", "random"]
 STUDY_LAYERS = ["sage-sum", "sage-max", "gatv2"]
 
@@ -331,7 +400,7 @@ def _write(path: Path, document: dict) -> None:
 
 
 SUITES = {"spmm": run_spmm_suite, "attention": run_attention_suite, "dropin": run_dropin_suite,
-          "study": run_study_suite}
+          "study": run_study_suite, "bf16": run_bf16_suite}
 
 
 def configure(device: str, headline: str, super_node_degree: int = 2_000_000) -> None:
@@ -342,7 +411,7 @@ def configure(device: str, headline: str, super_node_degree: int = 2_000_000) ->
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--suite", default="spmm,attention,dropin,study")
+    parser.add_argument("--suite", default="spmm,attention,dropin,study,bf16")
     parser.add_argument("--graphs", default="rmat20,uniform20,grid1024")
     parser.add_argument("--device", default=DEVICE)
     parser.add_argument("--headline", default=HEADLINE_GRAPH, help="graph for the bf16, whole-layer and drop-in checks")
