@@ -271,7 +271,9 @@ def _source_first(kind: int, out_dtype: torch.dtype) -> bool:
     terms. 16-bit features with an fp32 output (fp32_out, what the layers take
     under autocast, where PyG's output is fp32 too) take the source pass first:
     delta from the exact output, grad_out rounded to the features' dtype for
-    the passes. GATv2's and AGNN's target passes gather one row per edge either way.
+    the passes and for delta (so that dp and delta cancel as in exact
+    arithmetic). GATv2's and AGNN's target passes gather one row per edge
+    either way.
     """
     return kind in (GAT, DOT) and out_dtype == torch.float32
 
@@ -308,8 +310,9 @@ class _FusedAttention(torch.autograd.Function):
         call: _Call = ctx.call
         plan = call.plan
         *tensors, lse, out, bias, residual = ctx.saved_tensors
-        # grad_out as the output's dtype (fp32 under fp32_out: the row dots and the bias gradient take it exact)
-        # and as the features' (the edge passes' and the residual's gradient)
+        # grad_out in the features' dtype for every pass. Under fp32_out it arrives in fp32 and is rounded: the
+        # row dots take the rounded values too (widened), so that delta and the source pass's dp come from one
+        # grad_out and cancel as they do in exact arithmetic; the bias gradient outside the row dots takes it exact
         grad_exact = grad_out.contiguous()
         grad_out = grad_exact.to(tensors[0].dtype)
         # the bias gradient (grad_out's column sums) from the row dots' read of grad_out where they run
@@ -320,7 +323,7 @@ class _FusedAttention(torch.autograd.Function):
             # (lse, delta) side by side, as the source pass gathers them; the row dots take one dtype, the
             # output's (a 16-bit residual under fp32_out is widened for them)
             row_stats, bias_sums = torch.ops.gnnio.attention_row_dots(
-                grad_exact.to(out.dtype), out, bias, lse, bias_in_row_dots,
+                grad_out.to(out.dtype), out, bias, lse, bias_in_row_dots,
                 None if residual is None else residual.to(out.dtype),
             )
             if kind == GAT:
