@@ -227,15 +227,6 @@ def static_sparse_reason(x: Tensor, node_dim: int, edges) -> Optional[str]:
     return None
 
 
-def autocast_output_dtype(rows: Tensor) -> Optional[torch.dtype]:
-    """torch.float32 for 16-bit rows under CUDA autocast, else None (the rows' dtype). CUDA autocast runs the
-    softmax's exp in fp32, so PyG's attention layers' weighted messages, output and attention weights come
-    out in fp32; the attention ops accumulate in fp32 and return that output as it is (out_dtype)."""
-    if rows.is_cuda and rows.dtype != torch.float32 and torch.is_autocast_enabled("cuda"):
-        return torch.float32
-    return None
-
-
 def split_pair(x: NodeFeatures) -> tuple[Tensor, Optional[Tensor]]:
     """(x_src, x_dst) from a tensor (both the same) or a pair (x_dst may be None)."""
     if isinstance(x, Tensor):

@@ -13,7 +13,6 @@ from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import Adjacency, FillValue, with_self_loops
 from gnnio_cli.nn.base import (
     ConvBase,
-    autocast_output_dtype,
     EdgeFeaturesForward,
     registered_children,
     registered_parameters,
@@ -403,8 +402,10 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
         adjacency, edge_attr = self._edges_with_loops(adjacency, num_loops, edge_attr)
         edge_features = self._projected_edges(edge_attr)
         edge_alpha = None if edge_features is None else (edge_features * self.att_edge).sum(dim=-1)
-        # under CUDA autocast PyG's score terms, and with them its messages and output, are fp32
-        out_dtype = autocast_output_dtype(h_src)
+        # PyG's score terms (h * att).sum(-1) take the wider of h's and att's dtypes (fp32 under autocast, where h
+        # is 16-bit and att fp32), and with them its messages and output
+        out_dtype = torch.promote_types(h_src.dtype, att_src.dtype)
+        out_dtype = None if out_dtype == h_src.dtype else out_dtype
         bias = self._attention_bias(h_src, residual, out_dtype)
         result = graph_ops.gat_attention(
             adjacency.graph,

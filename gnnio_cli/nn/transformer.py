@@ -13,7 +13,6 @@ from gnnio_cli.nn.adjacency import with_self_loops
 from gnnio_cli.nn.base import (
     ConvBase,
     EdgeFeaturesForward,
-    autocast_output_dtype,
     registered_children,
     returned_edges,
     reversed_pair_reason,
@@ -133,7 +132,7 @@ class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv")
             training=self.training,
             return_attention=wants_attention,
             residual=skip.view(-1, heads, channels) if fused_skip else None,
-            out_dtype=autocast_output_dtype(query),
+            out_dtype=_autocast_output_dtype(query),
         )
         out, alpha = result if wants_attention else (result, None)
         out = self._finish(out, skip, fused_skip)
@@ -171,6 +170,15 @@ class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _autocast_output_dtype(rows: Tensor) -> Optional[torch.dtype]:
+    """torch.float32 for 16-bit rows under CUDA autocast, else None (the rows' dtype). CUDA autocast runs the
+    softmax's exp in fp32, so PyG's weighted messages, output and attention weights come out in fp32; the
+    attention op accumulates in fp32 and returns that output as it is (out_dtype)."""
+    if rows.is_cuda and rows.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled("cuda"):
+        return torch.float32
+    return None
 
 
 class AGNNConv(ConvBase, pyg_name="AGNNConv"):
