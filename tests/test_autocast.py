@@ -21,6 +21,8 @@ LAYERS = {
     "SAGEConv-max": ("SAGEConv", (IN, 8), {"aggr": "max"}),
     "GINConv": ("GINConv", (), {}),
     "GATConv": ("GATConv", (IN, 4), {"heads": 2}),
+    # without a bias PyG's output is still fp32 under autocast (its score terms are)
+    "GATConv-nobias": ("GATConv", (IN, 8), {"heads": 2, "bias": False}),
     "GATv2Conv": ("GATv2Conv", (IN, 4), {"heads": 2}),
     "TransformerConv": ("TransformerConv", (IN, 4), {"heads": 2}),
     # 8 channels per head: the attention kernels' 16-bit 8-wide layout, forward and backward (AGNN's 16 too)

@@ -48,6 +48,17 @@ def _plan(kind: int, graph, heads: int = HEADS) -> an._Plan:
     return call.plan
 
 
+def _fp32_out_checks(prefix: str, plan: an._Plan, graph, tensors: tuple, score: tuple, store, hints: tuple = ()):
+    """opcheck the forward ops with fp32_out (the output, and GAT's bias `store`, in fp32 for any features), the
+    fused one without and with dropout and scores, the edge-balanced one."""
+    ops = torch.ops.gnnio
+    forward = getattr(ops, f"{prefix}_attention_forward")
+    for dropout, return_scores in ((0.0, 0), (DROPOUT, 2)):
+        _check(forward, *plan.csr_args, *tensors, *score, dropout, SEED, OFFSET, return_scores, store, *hints, True)
+    _check(getattr(ops, f"{prefix}_attention_forward_edge_balanced"), *plan.csr_args, *tensors, *score, DROPOUT,
+           SEED, OFFSET, 1, an.slot_rows(graph), store, True)
+
+
 def _edge_checks(prefix: str, plan: an._Plan, graph, tensors: tuple, score: tuple, dtype: torch.dtype,
                  backward_dropout: float, forward_options: tuple = (),
                  source_options: tuple = ((),)) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +98,7 @@ def test_gat_ops(name, edges, dtype, index_dtype):
     dropout = DROPOUT if edges else 0.0
     grad_out, row_stats = _edge_checks("gat", plan, graph, tensors, (0.2,), dtype, dropout, (bias,),
                                        ((False,), (True,)))
+    _fp32_out_checks("gat", plan, graph, tensors, (0.2,), bias.float())
     _, _, _, edge_grads = torch.ops.gnnio.gat_attention_backward_source(
         *plan.csc_args, *tensors, grad_out, row_stats, 0.2, dropout, SEED, OFFSET, True)
     _check(torch.ops.gnnio.gat_attention_backward_target_from_edges, *plan.csr_args, *tensors, edge_grads,
@@ -127,6 +139,7 @@ def test_dot_ops(name, edges, dtype, index_dtype):
     dropout = DROPOUT if edges else 0.0
     grad_out, row_stats = _edge_checks("dot", plan, graph, tensors, scale, dtype, dropout, (residual, hinted_csr),
                                        ((False, hinted_csc), (True, None)))
+    _fp32_out_checks("dot", plan, graph, tensors, scale, residual, (hinted_csr,))
     _, _, _, edge_grads = torch.ops.gnnio.dot_attention_backward_source(
         *plan.csc_args, *tensors, grad_out, row_stats, *scale, dropout, SEED, OFFSET, True)
     for hints in (None, hinted_csr):

@@ -114,6 +114,10 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
     node_bytes = (n_src + n_dst) * width * element
     layer, heads, head_width = settings.layer, settings.heads, settings.head_width
     floor = _structure_bytes(graph) + node_bytes
+    # GAT's and the Transformer's 16-bit aggregation return fp32, as their layers take it under autocast (and as
+    # PyG's layers return it there); their backward then takes the source pass first (see ops.attention_native)
+    wide_out = torch.float32 if element == 2 else None
+    wide_out_bytes = n_dst * width * (4 - element) if wide_out is not None else 0
 
     if layer == "gcn":
         x = _random((n_src, width), settings, generator)
@@ -128,9 +132,9 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
         alpha_dst = _random((n_dst, heads), settings, generator)
         return Workload(
             "gat attention",
-            lambda: gat_attention(graph, x_src, alpha_src, alpha_dst),
+            lambda: gat_attention(graph, x_src, alpha_src, alpha_dst, out_dtype=wide_out),
             [x_src, alpha_src, alpha_dst],
-            floor_bytes=floor + (n_src + n_dst) * heads * element,
+            floor_bytes=floor + (n_src + n_dst) * heads * element + wide_out_bytes,
         )
     if layer == "gatv2":
         x_src = _random((n_src, heads, head_width), settings, generator)
@@ -149,9 +153,9 @@ def op_workload(graph: Graph, settings: Settings) -> Workload:
         value = _random((n_src, heads, head_width), settings, generator)
         return Workload(
             "transformer attention",
-            lambda: transformer_attention(graph, query, key, value),
+            lambda: transformer_attention(graph, query, key, value, out_dtype=wide_out),
             [query, key, value],
-            floor_bytes=floor + (n_src + n_dst) * width * element,
+            floor_bytes=floor + (n_src + n_dst) * width * element + wide_out_bytes,
         )
     # agnn
     x = _random((n_src, width), settings, generator)

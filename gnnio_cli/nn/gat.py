@@ -254,12 +254,13 @@ class _AttentionConv(ConvBase):
             edge_attr = edge_attr.view(-1, 1)
         return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
 
-    def _attention_bias(self, messages: Tensor, residual: Optional[Tensor]) -> Optional[Tensor]:
+    def _attention_bias(self, messages: Tensor, residual: Optional[Tensor],
+                        out_dtype: Optional[torch.dtype] = None) -> Optional[Tensor]:
         """The output bias as [H, C] for the attention op to add as it stores each row, where that is
-        the same sum as PyG's (heads concatenated, no residual added before it, the messages' dtype);
-        else None and _finish adds it."""
+        the same sum as PyG's (heads concatenated, no residual added before it, the output's dtype: out_dtype,
+        or the messages'); else None and _finish adds it."""
         bias = self.bias
-        if bias is None or not self.concat or residual is not None or bias.dtype != messages.dtype:
+        if bias is None or not self.concat or residual is not None or bias.dtype != (out_dtype or messages.dtype):
             return None
         return bias.view(self.heads, self.out_channels)
 
@@ -401,7 +402,11 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
         adjacency, edge_attr = self._edges_with_loops(adjacency, num_loops, edge_attr)
         edge_features = self._projected_edges(edge_attr)
         edge_alpha = None if edge_features is None else (edge_features * self.att_edge).sum(dim=-1)
-        bias = self._attention_bias(h_src, residual)
+        # PyG's score terms (h * att).sum(-1) take the wider of h's and att's dtypes (fp32 under autocast, where h
+        # is 16-bit and att fp32), and with them its messages and output
+        out_dtype = torch.promote_types(h_src.dtype, att_src.dtype)
+        out_dtype = None if out_dtype == h_src.dtype else out_dtype
+        bias = self._attention_bias(h_src, residual, out_dtype)
         result = graph_ops.gat_attention(
             adjacency.graph,
             h_src,
@@ -414,6 +419,7 @@ class GATConv(_AttentionConv, pyg_name="GATConv"):
             return_attention=bool(return_attention_weights),
             bias=bias,
             pack_gradients=shared,
+            out_dtype=out_dtype,
         )
         out, alpha = result if return_attention_weights else (result, None)
         return self._finish(out, residual, alpha, edge_index, adjacency, return_attention_weights, bias is not None)

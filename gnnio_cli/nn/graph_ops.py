@@ -512,14 +512,17 @@ def attend(kind: int, edges: EdgeRef, a: Tensor, b: Optional[Tensor], c: Tensor,
 
 
 def gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha=None, *, negative_slope=0.2, dropout=0.0,
-                  training=False, return_attention=False, bias=None, pack_gradients=False):
+                  training=False, return_attention=False, bias=None, pack_gradients=False, out_dtype=None):
     """:func:`gnnio_cli.ops.attention.gat_attention`, through graph_attention for an EdgeRef."""
     if not isinstance(graph, EdgeRef):
         return attention.gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope=negative_slope,
                                        dropout=dropout, training=training, return_attention=return_attention,
-                                       bias=bias, pack_gradients=pack_gradients)
-    return attend(GAT, graph, x_src, alpha_src, alpha_dst, edge_alpha, bias, negative_slope=negative_slope,
-                  dropout=dropout, training=training, return_attention=return_attention)
+                                       bias=bias, pack_gradients=pack_gradients, out_dtype=out_dtype)
+    widened = _widened(x_src, out_dtype)
+    result = attend(GAT, graph, x_src, alpha_src, alpha_dst, edge_alpha, None if widened else bias,
+                    negative_slope=negative_slope, dropout=dropout, training=training,
+                    return_attention=return_attention)
+    return _widen(result, out_dtype, bias) if widened else result
 
 
 def gatv2_attention(graph, x_src, x_dst, att, edge_feat=None, *, negative_slope=0.2, dropout=0.0, training=False,
@@ -534,14 +537,31 @@ def gatv2_attention(graph, x_src, x_dst, att, edge_feat=None, *, negative_slope=
 
 
 def transformer_attention(graph, query, key, value, edge_feat=None, *, dropout=0.0, training=False,
-                          return_attention=False, residual=None):
+                          return_attention=False, residual=None, out_dtype=None):
     """:func:`gnnio_cli.ops.attention.transformer_attention`, through graph_attention for an EdgeRef."""
     if not isinstance(graph, EdgeRef):
         return attention.transformer_attention(graph, query, key, value, edge_feat, dropout=dropout,
                                                training=training, return_attention=return_attention,
-                                               residual=residual)
-    return attend(DOT, graph, query, key, value, edge_feat, residual, dropout=dropout, training=training,
-                  return_attention=return_attention)
+                                               residual=residual, out_dtype=out_dtype)
+    widened = _widened(query, out_dtype)
+    result = attend(DOT, graph, query, key, value, edge_feat, None if widened else residual, dropout=dropout,
+                    training=training, return_attention=return_attention)
+    return _widen(result, out_dtype, residual) if widened else result
+
+
+def _widened(rows: Tensor, out_dtype: Optional[torch.dtype]) -> bool:
+    """Whether an EdgeRef call asks for an output wider than its rows: graph_attention returns the rows'
+    dtype (its backward then takes the target pass first), widened afterwards by _widen."""
+    return out_dtype is not None and out_dtype != rows.dtype
+
+
+def _widen(result, out_dtype: torch.dtype, extra: Optional[Tensor]):
+    """graph_attention's out (and alpha) in out_dtype, plus the bias or residual `extra` where given."""
+    out, alpha = result if isinstance(result, tuple) else (result, None)
+    out = out.to(out_dtype)
+    if extra is not None:
+        out = out + extra
+    return out if alpha is None else (out, alpha.to(out_dtype))
 
 
 def agnn_attention(graph, x_src, x_dst, beta, *, dropout=0.0, training=False, return_attention=False):

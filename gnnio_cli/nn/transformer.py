@@ -10,7 +10,14 @@ from torch.nn import Parameter
 
 from gnnio_cli.errors import GnnioError
 from gnnio_cli.nn.adjacency import with_self_loops
-from gnnio_cli.nn.base import ConvBase, EdgeFeaturesForward, registered_children, returned_edges, reversed_pair_reason, split_pair
+from gnnio_cli.nn.base import (
+    ConvBase,
+    EdgeFeaturesForward,
+    registered_children,
+    returned_edges,
+    reversed_pair_reason,
+    split_pair,
+)
 from gnnio_cli.nn.linear import Linear, project_shared
 from gnnio_cli.nn.message_passing import AttentionOutput, Edges, NodeFeatures
 from gnnio_cli.nn import graph_ops
@@ -125,20 +132,17 @@ class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv")
             training=self.training,
             return_attention=wants_attention,
             residual=skip.view(-1, heads, channels) if fused_skip else None,
+            out_dtype=_autocast_output_dtype(query),
         )
         out, alpha = result if wants_attention else (result, None)
-        if alpha is not None and out.dtype != torch.float32 and _autocast_fp32(out):
-            alpha = alpha.float()
         out = self._finish(out, skip, fused_skip)
         if wants_attention:
             return out, (returned_edges(edge_index, adjacency, changed=False), alpha)
         return out
 
     def _finish(self, out: Tensor, skip: Optional[Tensor], fused_skip: bool) -> Tensor:
-        """The attention op's rows [N, H, C] -> the output: fp32 under CUDA autocast, heads concatenated or
-        averaged, the skip connection (gated with beta) unless the op added it (fused_skip)."""
-        if out.dtype != torch.float32 and _autocast_fp32(out):
-            out = out.float()
+        """The attention op's rows [N, H, C] -> the output: heads concatenated or averaged, the skip
+        connection (gated with beta) unless the op added it (fused_skip)."""
         out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if skip is not None and not fused_skip:
             if self.lin_beta is not None:
@@ -168,10 +172,13 @@ class TransformerConv(EdgeFeaturesForward, ConvBase, pyg_name="TransformerConv")
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-def _autocast_fp32(out: Tensor) -> bool:
-    """CUDA autocast runs the softmax's exp in fp32, so PyG's weighted messages, its output and its attention
-    weights come out in fp32 (the op accumulates in fp32 and stores the features' dtype)."""
-    return out.is_cuda and torch.is_autocast_enabled("cuda")
+def _autocast_output_dtype(rows: Tensor) -> Optional[torch.dtype]:
+    """torch.float32 for 16-bit rows under CUDA autocast, else None (the rows' dtype). CUDA autocast runs the
+    softmax's exp in fp32, so PyG's weighted messages, output and attention weights come out in fp32; the
+    attention op accumulates in fp32 and returns that output as it is (out_dtype)."""
+    if rows.is_cuda and rows.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled("cuda"):
+        return torch.float32
+    return None
 
 
 class AGNNConv(ConvBase, pyg_name="AGNNConv"):

@@ -15,7 +15,9 @@ Shared conventions:
   are in the graph's **original edge order** (eid order), not CSR slot order.
 - ``return_attention=True`` returns ``(out, alpha)``. As in PyG, GAT and GATv2
   return the weights after dropout, TransformerConv and AGNN before it.
-- Outputs have the inputs' dtype; 16-bit inputs are computed in fp32.
+- Outputs have the inputs' dtype; 16-bit inputs are computed in fp32. GAT and the
+  Transformer can return fp32 for 16-bit inputs (``out_dtype``), as PyG's layers
+  do under CUDA autocast.
 - Projections, head concat/mean, bias and self-loop insertion are the layer's
   job, not the op's.
 - Gradients flow to every floating-point input.
@@ -65,6 +67,7 @@ def gat_attention(
     return_attention: bool = False,
     bias: Optional[torch.Tensor] = None,
     pack_gradients: bool = False,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> AttentionResult:
     """GATConv's attention aggregation (additive score).
 
@@ -79,6 +82,8 @@ def gat_attention(
                 sources as targets): the fused fp32 backward then returns their gradients as views of
                 one [N, H*C + 2H] tensor, whose rows the projection's backward multiplies in one GEMM.
                 The values are the same either way.
+    out_dtype:  None (x_src's dtype) or torch.float32: the output (and alpha) in fp32 for 16-bit inputs, summed
+                as before; bias is then fp32 too. The fused backward takes delta from that exact output.
     Returns out [num_dst, H, C], and with return_attention alpha [E, H] (after dropout).
     """
     op = "gat_attention"
@@ -89,12 +94,16 @@ def gat_attention(
     if edge_alpha is not None:
         check_tensor(op, "edge_alpha", edge_alpha, graph, "[E, H]", (graph.num_edges, heads))
     _check_bias(op, bias, x_src)
-    check_same_dtype(op, x_src=x_src, alpha_src=alpha_src, alpha_dst=alpha_dst, edge_alpha=edge_alpha, bias=bias)
+    out_dtype = _out_dtype(op, out_dtype, x_src)
+    check_same_dtype(op, x_src=x_src, alpha_src=alpha_src, alpha_dst=alpha_dst, edge_alpha=edge_alpha)
+    if bias is not None and bias.dtype != out_dtype:
+        raise GnnioError(f"{op}: bias must have the output's dtype {out_dtype}, got {bias.dtype}")
 
     backend = dispatch.pick(op, x_src, alpha_src, alpha_dst, edge_alpha, bias)
     if backend == "native" and attention_native.supports(x_src, alpha_src, alpha_dst, edge_alpha, bias, return_attention=return_attention):
         return attention_native.gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout,
-                                              training, return_attention, bias, pack_gradients)
+                                              training, return_attention, bias, pack_gradients,
+                                              fp32_out=out_dtype != x_src.dtype)
     dispatch.record(op, "reference")
     compute = accumulation_dtype(x_src.dtype)
     sources, targets = slot_sources(graph), slot_targets(graph)
@@ -103,7 +112,7 @@ def gat_attention(
         scores = scores + eid_to_slot(graph, edge_alpha).to(compute)
     scores = F.leaky_relu(scores, negative_slope)
     result = _softmax_aggregate(
-        graph, scores, x_src.to(compute), None, dropout, training, return_attention, x_src.dtype, return_dropped=True
+        graph, scores, x_src.to(compute), None, dropout, training, return_attention, out_dtype, return_dropped=True
     )
     return _with_bias(result, bias)
 
@@ -171,6 +180,7 @@ def transformer_attention(
     training: bool = False,
     return_attention: bool = False,
     residual: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> AttentionResult:
     """TransformerConv's attention aggregation (scaled dot product).
 
@@ -182,7 +192,10 @@ def transformer_attention(
     score[e, h] = <query[t, h], key[s, h] + edge_feat[e, h]> / sqrt(C)
     message[e, h] = value[s, h] + edge_feat[e, h]
     residual:  optional [num_dst, H, C] added to the output (a layer's skip connection; the kernels add it
-               as they store each row, saving a pass over the output). Its gradient is grad_out.
+               as they store each row, saving a pass over the output). Its gradient is grad_out. In the
+               inputs' dtype, whatever out_dtype.
+    out_dtype: None (query's dtype) or torch.float32: the output (and alpha) in fp32 for 16-bit inputs, as
+               gat_attention's.
     Returns out [num_dst, H, C], and with return_attention alpha [E, H] (before dropout).
     """
     op = "transformer_attention"
@@ -196,11 +209,13 @@ def transformer_attention(
     if residual is not None:
         check_tensor(op, "residual", residual, graph, "[N, H, C]", (graph.num_dst_nodes, heads, channels))
     check_same_dtype(op, query=query, key=key, value=value, edge_feat=edge_feat, residual=residual)
+    out_dtype = _out_dtype(op, out_dtype, query)
 
     backend = dispatch.pick(op, query, key, value, edge_feat, residual)
     if backend == "native" and attention_native.supports(query, key, value, edge_feat, residual, return_attention=return_attention):
         return attention_native.transformer_attention(
-            graph, query, key, value, edge_feat, dropout, training, return_attention, residual
+            graph, query, key, value, edge_feat, dropout, training, return_attention, residual,
+            fp32_out=out_dtype != query.dtype,
         )
     dispatch.record(op, "reference")
     compute = accumulation_dtype(query.dtype)
@@ -212,7 +227,7 @@ def transformer_attention(
         scores = scores + (queries.index_select(0, slot_targets(graph)) * edge_slot).sum(-1)
     scores = scores / math.sqrt(channels)
     result = _softmax_aggregate(
-        graph, scores, value.to(compute), edge_slot, dropout, training, return_attention, query.dtype,
+        graph, scores, value.to(compute), edge_slot, dropout, training, return_attention, out_dtype,
         return_dropped=False,
     )
     return _with_bias(result, residual)
@@ -394,6 +409,15 @@ def _with_bias(result: AttentionResult, bias: Optional[torch.Tensor]) -> Attenti
     if isinstance(result, tuple):
         return result[0] + bias, result[1]
     return result + bias
+
+
+def _out_dtype(op: str, out_dtype: Optional[torch.dtype], features: torch.Tensor) -> torch.dtype:
+    """The output's dtype: the features' (None), or torch.float32."""
+    if out_dtype is None:
+        return features.dtype
+    if out_dtype not in (features.dtype, torch.float32):
+        raise GnnioError(f"{op}: out_dtype must be None, the features' dtype or torch.float32, got {out_dtype}")
+    return out_dtype
 
 
 def _check_dropout(op: str, dropout: float) -> None:

@@ -7,8 +7,9 @@ only the inputs and ``lse[t, h]`` (log of the softmax denominator) are kept for
 backward, which recomputes the scores: once along the CSR for the target-side
 gradients and ``delta[t, h] = <grad_out[t, h], out[t, h]>`` (summed in fp32 from
 the recomputed terms, never from a rounded 16-bit output), once along the CSC
-for the source-side and per-edge ones. GAT and the dot product in fp32 keep
-the output too and go the other way round (see :func:`_source_first`). Results
+for the source-side and per-edge ones. GAT and the dot product with an fp32
+output (fp32 features, or 16-bit ones under autocast: ``fp32_out``) keep the
+output too and go the other way round (see :func:`_source_first`). Results
 are deterministic (no atomics). A layer's output bias can be added by the
 forward as it stores each row (``bias``), one pass over the output fewer.
 
@@ -227,6 +228,7 @@ class _Call:
     dropout: float
     seed: int
     offset: int
+    fp32_out: bool = False  # GAT and DOT: the output (and GAT's bias) in fp32 whatever the features' dtype
 
     def forward(self, tensors: tuple, bias: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> tuple:
@@ -239,20 +241,22 @@ class _Call:
         if residual is not None and plan.kind != DOT:
             raise GnnioError(f"residual: only the Transformer's attention adds a skip connection, not kind {plan.kind}")
         store = {GAT: (bias,), GATV2: (bias,), DOT: (residual,), COSINE: ()}[plan.kind]
+        out_type = (self.fp32_out,) if plan.kind in (GAT, DOT) else ()
         if plan.slot_rows is None:
             hints = (plan.hinted_csr,) if plan.kind == DOT else ()
             return _op(plan.kind, "forward")(*plan.csr_args, *tensors, *self.score_args(), plan.return_scores,
-                                             *store, *hints)
+                                             *store, *hints, *out_type)
         return _op(plan.kind, "forward_edge_balanced")(*plan.csr_args, *tensors, *self.score_args(),
-                                                       plan.return_scores, plan.slot_rows, *store)
+                                                       plan.return_scores, plan.slot_rows, *store, *out_type)
 
     def score_args(self) -> tuple:
         """The score and dropout arguments of the kind's ops: (*plan.score, dropout, seed, offset)."""
         return *self.plan.score, self.dropout, self.seed, self.offset
 
 
-def _source_first(kind: int, dtype: torch.dtype) -> bool:
-    """Whether the backward runs the source pass first (GAT and DOT in fp32) or the target pass first.
+def _source_first(kind: int, out_dtype: torch.dtype) -> bool:
+    """Whether the backward runs the source pass first (GAT and DOT with an fp32 output) or the target pass
+    first.
 
     GAT's and DOT's target-side gradients are linear in the per-edge score
     gradients, which the source pass then writes ([E, H] fp32, in CSC slot order), so
@@ -262,11 +266,16 @@ def _source_first(kind: int, dtype: torch.dtype) -> bool:
     backward, 512 MiB on rmat20). H100, rmat20, fp32 fwd+bwd: GAT 7.46
     against 7.62 ms, Transformer 11.87 against 12.43; TransformerConv's training
     step peaks at 3,921 MiB. A 16-bit output is rounded, and that rounding would
-    reach d score = p * (dp - delta), where dp and delta nearly cancel: 16-bit
-    features keep the target pass first, which sums delta from the recomputed
-    terms. GATv2's and AGNN's target passes gather one row per edge either way.
+    reach d score = p * (dp - delta), where dp and delta nearly cancel: a 16-bit
+    output keeps the target pass first, which sums delta from the recomputed
+    terms. 16-bit features with an fp32 output (fp32_out, what the layers take
+    under autocast, where PyG's output is fp32 too) take the source pass first:
+    delta from the exact output, grad_out rounded to the features' dtype for
+    the passes and for delta (so that dp and delta cancel as in exact
+    arithmetic). GATv2's and AGNN's target passes gather one row per edge
+    either way.
     """
-    return kind in (GAT, DOT) and dtype == torch.float32
+    return kind in (GAT, DOT) and out_dtype == torch.float32
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -287,7 +296,7 @@ class _FusedAttention(torch.autograd.Function):
         out, lse, scores = call.forward(_kind_tensors(call.plan.kind, tensors), bias, residual)
         ctx.call = call
         # GAT and DOT take delta = <grad_out, out - bias - residual> from the output itself (see _source_first)
-        source_first = _source_first(call.plan.kind, msg_src.dtype)
+        source_first = _source_first(call.plan.kind, out.dtype)
         kept = (out, bias, residual) if source_first else (None, None, None)
         ctx.save_for_backward(*tensors, lse, *kept)
         ctx.mark_non_differentiable(lse, scores)
@@ -301,15 +310,21 @@ class _FusedAttention(torch.autograd.Function):
         call: _Call = ctx.call
         plan = call.plan
         *tensors, lse, out, bias, residual = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
+        # grad_out in the features' dtype for every pass. Under fp32_out it arrives in fp32 and is rounded: the
+        # row dots take the rounded values too (widened), so that delta and the source pass's dp come from one
+        # grad_out and cancel as they do in exact arithmetic; the bias gradient outside the row dots takes it exact
+        grad_exact = grad_out.contiguous()
+        grad_out = grad_exact.to(tensors[0].dtype)
         # the bias gradient (grad_out's column sums) from the row dots' read of grad_out where they run
         bias_in_row_dots = out is not None and ctx.needs_input_grad[8] and grad_out.shape[2] <= MAX_ROW_DOTS_BIAS
         kind, typed, csr, csc = plan.kind, _kind_tensors(plan.kind, tensors), plan.csr_args, plan.csc_args
         grad_key = grad_src_scalar = grad_att = None
         if out is not None:
-            # (lse, delta) side by side, as the source pass gathers them
+            # (lse, delta) side by side, as the source pass gathers them; the row dots take one dtype, the
+            # output's (a 16-bit residual under fp32_out is widened for them)
             row_stats, bias_sums = torch.ops.gnnio.attention_row_dots(
-                grad_out, out, bias, lse, bias_in_row_dots, residual
+                grad_out.to(out.dtype), out, bias, lse, bias_in_row_dots,
+                None if residual is None else residual.to(out.dtype),
             )
             if kind == GAT:
                 packed = None
@@ -350,9 +365,9 @@ class _FusedAttention(torch.autograd.Function):
             grads = (grad_msg, grad_key, grad_dst, None, None, None, grad_edge if has_edge else None)
         grad_bias = None
         if bias_in_row_dots:
-            grad_bias = bias_sums.to(grad_out.dtype)
+            grad_bias = bias_sums.to(bias.dtype)
         elif ctx.needs_input_grad[8]:
-            grad_bias = bias_gradient(grad_out.view(grad_out.shape[0], -1)).view(grad_out.shape[1:])
+            grad_bias = bias_gradient(grad_exact.view(grad_exact.shape[0], -1)).view(grad_exact.shape[1:])
         grad_residual = grad_out if ctx.needs_input_grad[9] else None
         return (None, *grads, grad_bias, grad_residual)
 
@@ -371,9 +386,11 @@ def _make_call(
     weights_after_dropout: bool,
     pack_gradients: bool = False,
     row_bytes: int = 0,
+    fp32_out: bool = False,
 ) -> _Call:
     """The plan (cached on the graph), dropout and seed of one fused call (dropout 0 outside training;
-    pack_gradients only for GAT with as many sources as targets; DOT's hinted indices for rows of `row_bytes`)."""
+    pack_gradients only for GAT with as many sources as targets; DOT's hinted indices for rows of `row_bytes`;
+    fp32_out only for GAT and DOT)."""
     forced = getattr(_forced, "schedule", None)
     negative_slope, scale = float(negative_slope), float(scale)
     return_scores = (2 if weights_after_dropout else 1) if return_attention else 0
@@ -387,7 +404,7 @@ def _make_call(
     if dropout > 0.0:
         with torch.cuda.device(device):
             seed, offset = torch.ops.gnnio.attention_dropout_seed((heads + 3) // 4)
-    return _Call(plan, graph, dropout, seed, offset)
+    return _Call(plan, graph, dropout, seed, offset, fp32_out and kind in (GAT, DOT))
 
 
 def _build_plan(kind: int, graph: Graph, forced: Schedule, negative_slope: float, scale: float, return_scores: int,
@@ -444,12 +461,13 @@ def _attention_weights(graph: Graph, scores: torch.Tensor, lse: torch.Tensor, dr
 
 # ------------------------------------------------------------- public ops
 def gat_attention(graph, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, training, return_attention,
-                  bias=None, pack_gradients=False):
-    """Fused :func:`gnnio_cli.ops.attention.gat_attention` (same arguments and result)."""
+                  bias=None, pack_gradients=False, fp32_out=False):
+    """Fused :func:`gnnio_cli.ops.attention.gat_attention` (same arguments and result; fp32_out: out_dtype fp32)."""
     return _run(
         "gat_attention", GAT, graph, (x_src, None, None, alpha_src, alpha_dst, None, edge_alpha), bias,
         negative_slope=negative_slope, scale=1.0, dropout=dropout, training=training,
         return_attention=return_attention, weights_after_dropout=True, pack_gradients=pack_gradients,
+        fp32_out=fp32_out,
     )  # fmt: skip
 
 
@@ -463,12 +481,14 @@ def gatv2_attention(graph, x_src, x_dst, att, edge_feat, negative_slope, dropout
     )  # fmt: skip
 
 
-def transformer_attention(graph, query, key, value, edge_feat, dropout, training, return_attention, residual=None):
-    """Fused :func:`gnnio_cli.ops.attention.transformer_attention` (same arguments and result)."""
+def transformer_attention(graph, query, key, value, edge_feat, dropout, training, return_attention, residual=None,
+                          fp32_out=False):
+    """Fused :func:`gnnio_cli.ops.attention.transformer_attention` (same arguments and result; fp32_out:
+    out_dtype fp32)."""
     return _run(
         "transformer_attention", DOT, graph, (value, key, query, None, None, None, edge_feat), residual=residual,
         negative_slope=0.0, scale=1.0 / math.sqrt(query.shape[2]), dropout=dropout, training=training,
-        return_attention=return_attention, weights_after_dropout=False,
+        return_attention=return_attention, weights_after_dropout=False, fp32_out=fp32_out,
     )  # fmt: skip
 
 
@@ -559,12 +579,12 @@ def _register_fakes() -> None:
     native/attention/schema.h (10: indptr, indices, eid, the row schedule and the row order) first; Nd or Ns is
     the rows of that indptr, E the entries of indices."""
 
-    def forward(indptr, indices, rows, return_scores):
-        """(out [Nd, H, C] like `rows`, lse fp32 [Nd, H], scores fp32 [E or 0, H])."""
+    def forward(indptr, indices, rows, return_scores, fp32_out=False):
+        """(out [Nd, H, C] like `rows` (fp32 with fp32_out), lse fp32 [Nd, H], scores fp32 [E or 0, H])."""
         num_dst, heads = indptr.shape[0] - 1, rows.shape[1]
         scores = rows.new_empty((indices.shape[0] if return_scores else 0, heads), dtype=torch.float32)
-        return (rows.new_empty((num_dst, *rows.shape[1:])), rows.new_empty((num_dst, heads), dtype=torch.float32),
-                scores)
+        out = rows.new_empty((num_dst, *rows.shape[1:]), dtype=torch.float32 if fp32_out else rows.dtype)
+        return out, rows.new_empty((num_dst, heads), dtype=torch.float32), scores
 
     def stats(indptr, rows, width=2):
         """row_stats fp32 [Nd, H, width]."""
@@ -599,14 +619,14 @@ def _register_fakes() -> None:
     @torch.library.register_fake("gnnio::gat_attention_forward")
     def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
           num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, seed, offset,
-          return_scores, bias=None):
-        return forward(indptr, indices, x_src, return_scores)
+          return_scores, bias=None, fp32_out=False):
+        return forward(indptr, indices, x_src, return_scores, fp32_out)
 
     @torch.library.register_fake("gnnio::gat_attention_forward_edge_balanced")
     def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
           num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, negative_slope, dropout, seed, offset,
-          return_scores, slot_rows, bias=None):
-        return forward(indptr, indices, x_src, return_scores)
+          return_scores, slot_rows, bias=None, fp32_out=False):
+        return forward(indptr, indices, x_src, return_scores, fp32_out)
 
     @torch.library.register_fake("gnnio::gat_attention_backward_target")
     def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
@@ -652,14 +672,14 @@ def _register_fakes() -> None:
     @torch.library.register_fake("gnnio::dot_attention_forward")
     def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
           num_busy_rows, query, key, value, edge, scale, dropout, seed, offset, return_scores, residual=None,
-          hinted_indices=None):
-        return forward(indptr, indices, value, return_scores)
+          hinted_indices=None, fp32_out=False):
+        return forward(indptr, indices, value, return_scores, fp32_out)
 
     @torch.library.register_fake("gnnio::dot_attention_forward_edge_balanced")
     def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
           num_busy_rows, query, key, value, edge, scale, dropout, seed, offset, return_scores, slot_rows,
-          residual=None):
-        return forward(indptr, indices, value, return_scores)
+          residual=None, fp32_out=False):
+        return forward(indptr, indices, value, return_scores, fp32_out)
 
     @torch.library.register_fake("gnnio::dot_attention_backward_target")
     def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,

@@ -5,7 +5,8 @@
 // Tensors: query [Nd, H, C], key [Ns, H, C], value [Ns, H, C], edge [E, H, C]
 // or None, all of one dtype (fp32, fp16 or bf16); scale: 1 / sqrt(C) for TransformerConv.
 //   dot_attention_forward[_edge_balanced] -> (out, lse, scores) (schema.h);
-//     out + residual [Nd, H, C] when given (a layer's skip connection, added at the store)
+//     out + residual [Nd, H, C] when given (a layer's skip connection, added at the store);
+//     fp32_out: out in fp32 for 16-bit features (a caller under autocast; residual in the features' type)
 //   dot_attention_backward_target -> (grad_query [Nd, H, C], row_stats)
 //   dot_attention_backward_source (CSC) -> (grad_value, grad_key [Ns, H, C],
 //     grad_edge (empty without edge), edge_grads fp32 [E, H] in CSC slot order
@@ -26,17 +27,19 @@ using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 Triple dot_forward(GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& query, const at::Tensor& key,
                    const at::Tensor& value, const Optional& edge, double scale, double dropout, int64_t seed,
-                   int64_t offset, int64_t return_scores, const Optional& residual, const Optional& hinted_indices) {
+                   int64_t offset, int64_t return_scores, const Optional& residual, const Optional& hinted_indices,
+                   bool fp32_out) {
   return attention_forward<kDot>(GNNIO_ATTENTION_GRAPH_NAMES, value, key, query, {}, {}, {}, edge, 0.0, scale,
-                                 dropout, seed, offset, return_scores, {}, hinted_indices, residual);
+                                 dropout, seed, offset, return_scores, {}, hinted_indices, residual, fp32_out);
 }
 
 Triple dot_forward_edge_balanced(GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& query, const at::Tensor& key,
                                  const at::Tensor& value, const Optional& edge, double scale, double dropout,
                                  int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor& slot_rows,
-                                 const Optional& residual) {
+                                 const Optional& residual, bool fp32_out) {
   return attention_forward_edge_balanced<kDot>(GNNIO_ATTENTION_GRAPH_NAMES, value, key, query, {}, {}, {}, edge, 0.0,
-                                               scale, dropout, seed, offset, return_scores, slot_rows, {}, residual);
+                                               scale, dropout, seed, offset, return_scores, slot_rows, {}, residual,
+                                               fp32_out);
 }
 
 std::tuple<at::Tensor, at::Tensor> dot_backward_target(GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& query,
@@ -77,10 +80,10 @@ at::Tensor dot_backward_target_from_edges(GNNIO_ATTENTION_GRAPH_PARAMS, const at
 TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def("dot_attention_forward(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_DOT_TENSORS
         "float scale, " GNNIO_ATTENTION_DROPOUT_SCHEMA ", int return_scores, Tensor? residual=None, "
-        "Tensor? hinted_indices=None) -> (Tensor, Tensor, Tensor)");
+        "Tensor? hinted_indices=None, bool fp32_out=False) -> (Tensor, Tensor, Tensor)");
   m.def("dot_attention_forward_edge_balanced(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_DOT_TENSORS
         "float scale, " GNNIO_ATTENTION_DROPOUT_SCHEMA ", int return_scores, Tensor slot_rows, "
-        "Tensor? residual=None) -> (Tensor, Tensor, Tensor)");
+        "Tensor? residual=None, bool fp32_out=False) -> (Tensor, Tensor, Tensor)");
   m.def("dot_attention_backward_target(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_DOT_TENSORS
         "Tensor grad_out, Tensor lse, float scale, " GNNIO_ATTENTION_DROPOUT_SCHEMA ") -> (Tensor, Tensor)");
   m.def("dot_attention_backward_source(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_DOT_TENSORS

@@ -194,7 +194,7 @@ __device__ __forceinline__ void finish_forward_item(const Params<scalar_t>& p, c
 #pragma unroll
       for (int v = 0; v < VEC; ++v) acc[k][v] *= inverse;
     add_out_extras<VEC>(p, item.row, geo, lane, acc, residual);
-    store_row<VEC, scalar_t, ONCE>(p.out, item.row, geo, lane, acc);
+    store_out_row<VEC, scalar_t, ONCE>(p, item.row, geo, lane, acc);
     if (writer) p.lse[item.row * geo.heads + lane.head] = run_sum > 0.f ? run_max + logf(run_sum) : 0.f;
   } else {
     store_row<VEC>(p.part_acc, item.partial, geo, lane, acc);
@@ -212,7 +212,7 @@ __device__ __forceinline__ void forward_empty_row(const Params<scalar_t>& p, int
   Chunks<VEC> zero;
   set_zero<VEC>(zero);
   add_out_extras<VEC>(p, row, geo, lane, zero);
-  store_row<VEC, scalar_t, ONCE>(p.out, row, geo, lane, zero);
+  store_out_row<VEC, scalar_t, ONCE>(p, row, geo, lane, zero);
   if (writer) p.lse[row * geo.heads + lane.head] = 0.f;
 }
 
@@ -426,12 +426,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) edge_scores_kernel(cons
 // 0.064 ms). Capped at 64 registers (merge_threads: at most 256 threads per
 // block) so as many blocks stay resident as before; uncapped it took 128,
 // and 32 tiles per round took 254 registers and 0.32 ms.
-template <typename scalar_t>
+// out_t: the output's type and the bias's, scalar_t or fp32 (Params::out_f32).
+template <typename scalar_t, typename out_t = scalar_t>
 __global__ void __launch_bounds__(256, 4)
     merge_tiles_kernel(const RowSchedule s, int heads, int channels, const float* __restrict__ part_max,
                        const float* __restrict__ part_sum, const float* __restrict__ part_acc,
-                       const scalar_t* __restrict__ bias, const scalar_t* __restrict__ residual,
-                       scalar_t* __restrict__ out, float* __restrict__ lse) {
+                       const out_t* __restrict__ bias, const scalar_t* __restrict__ residual,
+                       out_t* __restrict__ out, float* __restrict__ lse) {
   const int64_t row = s.heavy_rows[blockIdx.x];
   const int64_t first = s.heavy_tile_ptr[blockIdx.x], last = s.heavy_tile_ptr[blockIdx.x + 1];
   const int64_t width = static_cast<int64_t>(heads) * channels;
@@ -459,7 +460,7 @@ __global__ void __launch_bounds__(256, 4)
     float value = sum > 0.f ? acc / sum : 0.f;
     if (bias != nullptr) value += static_cast<float>(bias[f]);
     if (residual != nullptr) value += static_cast<float>(residual[row * width + f]);
-    out[row * width + f] = static_cast<scalar_t>(value);
+    out[row * width + f] = static_cast<out_t>(value);
     if (f % channels == 0) lse[row * heads + head] = sum > 0.f ? row_max + logf(sum) : 0.f;
   }
 }

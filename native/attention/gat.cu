@@ -5,7 +5,8 @@
 // Tensors: x_src [Ns, H, C], alpha_src [Ns, H], alpha_dst [Nd, H], edge_alpha
 // [E, H] or None, all of one dtype (fp32, fp16 or bf16).
 //   gat_attention_forward[_edge_balanced] -> (out, lse, scores) (schema.h);
-//     out + bias [H, C] when given (a layer's output bias, added at the store)
+//     out + bias [H, C] when given (a layer's output bias, added at the store);
+//     fp32_out: out (and bias) in fp32 for 16-bit features (a caller under autocast)
 //   gat_attention_backward_target -> (grad_alpha_dst [Nd, H], row_stats)
 //   gat_attention_backward_source (CSC) -> (grad_x_src, grad_alpha_src,
 //     grad_edge_alpha (empty without edge_alpha), edge_grads fp32 [E, H] in CSC
@@ -31,18 +32,18 @@ using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 Triple gat_forward(GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& x_src, const at::Tensor& alpha_src,
                    const at::Tensor& alpha_dst, const Optional& edge_alpha, double negative_slope, double dropout,
-                   int64_t seed, int64_t offset, int64_t return_scores, const Optional& bias) {
+                   int64_t seed, int64_t offset, int64_t return_scores, const Optional& bias, bool fp32_out) {
   return attention_forward<kGat>(GNNIO_ATTENTION_GRAPH_NAMES, x_src, {}, {}, alpha_src, alpha_dst, {}, edge_alpha,
-                                 negative_slope, 1.0, dropout, seed, offset, return_scores, bias, {}, {});
+                                 negative_slope, 1.0, dropout, seed, offset, return_scores, bias, {}, {}, fp32_out);
 }
 
 Triple gat_forward_edge_balanced(GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& x_src, const at::Tensor& alpha_src,
                                  const at::Tensor& alpha_dst, const Optional& edge_alpha, double negative_slope,
                                  double dropout, int64_t seed, int64_t offset, int64_t return_scores,
-                                 const at::Tensor& slot_rows, const Optional& bias) {
+                                 const at::Tensor& slot_rows, const Optional& bias, bool fp32_out) {
   return attention_forward_edge_balanced<kGat>(GNNIO_ATTENTION_GRAPH_NAMES, x_src, {}, {}, alpha_src, alpha_dst, {},
                                                edge_alpha, negative_slope, 1.0, dropout, seed, offset, return_scores,
-                                               slot_rows, bias, {});
+                                               slot_rows, bias, {}, fp32_out);
 }
 
 std::tuple<at::Tensor, at::Tensor> gat_backward_target(GNNIO_ATTENTION_GRAPH_PARAMS, const at::Tensor& x_src,
@@ -82,11 +83,11 @@ at::Tensor gat_backward_target_from_edges(GNNIO_ATTENTION_GRAPH_PARAMS, const at
 
 TORCH_LIBRARY_FRAGMENT(gnnio, m) {
   m.def("gat_attention_forward(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_GAT_TENSORS
-        "float negative_slope, " GNNIO_ATTENTION_DROPOUT_SCHEMA ", int return_scores, Tensor? bias=None) "
-        "-> (Tensor, Tensor, Tensor)");
+        "float negative_slope, " GNNIO_ATTENTION_DROPOUT_SCHEMA ", int return_scores, Tensor? bias=None, "
+        "bool fp32_out=False) -> (Tensor, Tensor, Tensor)");
   m.def("gat_attention_forward_edge_balanced(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_GAT_TENSORS
         "float negative_slope, " GNNIO_ATTENTION_DROPOUT_SCHEMA ", int return_scores, Tensor slot_rows, "
-        "Tensor? bias=None) -> (Tensor, Tensor, Tensor)");
+        "Tensor? bias=None, bool fp32_out=False) -> (Tensor, Tensor, Tensor)");
   m.def("gat_attention_backward_target(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_GAT_TENSORS
         "Tensor grad_out, Tensor lse, float negative_slope, " GNNIO_ATTENTION_DROPOUT_SCHEMA ") -> (Tensor, Tensor)");
   m.def("gat_attention_backward_source(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_GAT_TENSORS

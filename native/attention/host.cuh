@@ -365,6 +365,10 @@ const uint32_t* hinted_ids(const char* op, const c10::optional<at::Tensor>& hint
 
 // Both forward ops: the fused pass alone (slot_rows null), or the
 // edge-balanced score phase first and the fused pass reading its scores.
+// fp32_out: the output (and the bias, which is added to it) in fp32 whatever
+// the features' type, still accumulated in fp32: a caller that keeps fp32
+// (autocast) takes it as it is, and its backward takes delta from the exact
+// output (the source pass first, see attention_native.py's _source_first).
 template <int KIND>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     const char* op, const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& eid,
@@ -375,7 +379,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor* slot_rows,
-    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual, bool fp32_out,
     const c10::optional<at::Tensor>& hinted_indices = c10::nullopt) {
   constexpr int64_t kind = KIND;
   const int64_t num_dst = indptr.numel() - 1, num_edges = indices.numel();
@@ -387,12 +391,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
                                     dst_scalar, att, edge);
   GNNIO_ENSURE(return_scores >= 0 && return_scores <= 2, op,
               ": return_scores must be 0 (none), 1 (before dropout) or 2 (after dropout), got ", return_scores);
-  if (bias.has_value()) check_tensor(op, "bias", *bias, f.dtype, {f.heads, f.channels});
+  const at::ScalarType out_dtype = fp32_out ? at::kFloat : f.dtype;
+  if (bias.has_value()) check_tensor(op, "bias", *bias, out_dtype, {f.heads, f.channels});
   if (residual.has_value()) check_tensor(op, "residual", *residual, f.dtype, {num_dst, f.heads, f.channels});
   const c10::cuda::CUDAGuard guard(msg_src.device());
   const auto float_options = msg_src.options().dtype(at::kFloat);
 
-  at::Tensor out = at::empty({num_dst, f.heads, f.channels}, msg_src.options());
+  at::Tensor out = at::empty({num_dst, f.heads, f.channels}, msg_src.options().dtype(out_dtype));
   at::Tensor lse = at::empty({num_dst, f.heads}, float_options);
   at::Tensor scores = at::empty({return_scores ? num_edges : 0, f.heads}, float_options);
   // The tiles' softmax states (max, sum, accumulator) share one buffer: each
@@ -415,8 +420,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   // the edge-balanced schedule's fused pass keeps the one-edge-per-warp layouts
   const at::Tensor& bias_or_out = bias.has_value() ? *bias : out;  // alignment of each tensor read
   const at::Tensor& residual_or_out = residual.has_value() ? *residual : out;
-  const int vec = slot_rows == nullptr ? paired_vector_width(f, {&out, &bias_or_out, &residual_or_out})
-                                       : vector_width(f, {&out, &bias_or_out, &residual_or_out});
+  int vec = slot_rows == nullptr ? paired_vector_width(f, {&out, &bias_or_out, &residual_or_out})
+                                 : vector_width(f, {&out, &bias_or_out, &residual_or_out});
+  // all_aligned counts the features' elements; an fp32 bias's 4-wide loads need 16 bytes
+  if (fp32_out && vec > 1 && reinterpret_cast<uintptr_t>(bias_or_out.data_ptr()) % 16 != 0) vec = 1;
   // Dot's forward gathers ahead in the 4-wide layout and, for 16-bit rows, the 8-wide one (two edge
   // groups per warp). H100, rmat20, bf16 4 x 32: 1.97 ms per step (8-wide forward_kernel), 2.09
   // through the 4-wide ring (run 118), 1.69 through the 8-wide ring (run 128).
@@ -428,8 +435,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   GNNIO_DISPATCH_FEATURES(f.dtype, op, [&] {
     Params<scalar_t> p =
         make_params<scalar_t>(f, schedule, order, indices, eid, vec, negative_slope, scale, dropout, seed, offset);
-    p.out = out.data_ptr<scalar_t>();
-    p.out_bias = ptr_or_null<scalar_t>(bias);
+    const bool separate_f32 = fp32_out && !std::is_same<scalar_t, float>::value;
+    if (separate_f32) {
+      p.out_f32 = out.data_ptr<float>();
+      p.out_bias_f32 = ptr_or_null<float>(bias);
+    } else {
+      p.out = out.data_ptr<scalar_t>();
+      p.out_bias = ptr_or_null<scalar_t>(bias);
+    }
     p.out_residual = ptr_or_null<scalar_t>(residual);
     p.hinted = hinted_ids(op, hinted_indices, indices);
     p.lse = lse.data_ptr<float>();
@@ -464,9 +477,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     });
     if (schedule.num_heavy > 0) {
       const int threads = merge_threads(f.heads * f.channels);
-      merge_tiles_kernel<scalar_t><<<static_cast<unsigned>(schedule.num_heavy), threads, 0, stream>>>(
-          schedule, static_cast<int>(f.heads), static_cast<int>(f.channels), p.part_max, p.part_sum, p.part_acc,
-          p.out_bias, p.out_residual, p.out, p.lse);
+      const auto blocks = static_cast<unsigned>(schedule.num_heavy);
+      const int heads = static_cast<int>(f.heads), channels = static_cast<int>(f.channels);
+      if (separate_f32) {
+        merge_tiles_kernel<scalar_t, float><<<blocks, threads, 0, stream>>>(
+            schedule, heads, channels, p.part_max, p.part_sum, p.part_acc, p.out_bias_f32, p.out_residual, p.out_f32,
+            p.lse);
+      } else {
+        merge_tiles_kernel<scalar_t><<<blocks, threads, 0, stream>>>(
+            schedule, heads, channels, p.part_max, p.part_sum, p.part_acc, p.out_bias, p.out_residual, p.out, p.lse);
+      }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
@@ -483,11 +503,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const c10::optional<at::Tensor>& bias,
-    const c10::optional<at::Tensor>& hinted_indices, const c10::optional<at::Tensor>& residual) {
+    const c10::optional<at::Tensor>& hinted_indices, const c10::optional<at::Tensor>& residual,
+    bool fp32_out = false) {
   return forward_impl<KIND>(kForward[KIND], indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr,
                       tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar, dst_scalar, att,
                       edge, negative_slope, scale, dropout, seed, offset, return_scores, nullptr, bias, residual,
-                      hinted_indices);
+                      fp32_out, hinted_indices);
 }
 
 template <int KIND>
@@ -500,11 +521,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_edge_balanced(
     const c10::optional<at::Tensor>& src_scalar, const c10::optional<at::Tensor>& dst_scalar,
     const c10::optional<at::Tensor>& att, const c10::optional<at::Tensor>& edge, double negative_slope, double scale,
     double dropout, int64_t seed, int64_t offset, int64_t return_scores, const at::Tensor& slot_rows,
-    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual, bool fp32_out = false) {
   return forward_impl<KIND>(kForwardEdgeBalanced[KIND], indptr, indices, eid, tile_row, tile_start, heavy_rows,
                       heavy_tile_ptr, tile_edges, row_order, num_busy_rows, msg_src, key_src, dst_vec, src_scalar,
                       dst_scalar, att, edge, negative_slope, scale, dropout, seed, offset, return_scores, &slot_rows,
-                      bias, residual);
+                      bias, residual, fp32_out);
 }
 
 // Heavy rows of the backward source pass: the tiles' partial rows [T, width]

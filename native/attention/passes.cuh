@@ -102,6 +102,10 @@ struct Params {
   const scalar_t* out_bias;      // [H, C] added to every output row (a layer's output bias), or null
   const scalar_t* out_residual;  // [Nd, H, C] added row by row (a layer's skip connection), or null
   scalar_t* out;
+  // 16-bit features with an fp32 output (GAT and Dot; see host.cuh's forward_impl): out is null and the
+  // rows go here, the output bias (then fp32 too) comes from out_bias_f32; null otherwise
+  float* out_f32;
+  const float* out_bias_f32;
   float* lse;
   float* scores;              // [E, H] raw scores in eid order, or null
   bool scores_after_dropout;  // write -inf for dropped edges
@@ -753,6 +757,12 @@ __device__ __forceinline__ void add_out_extras(const Params<scalar_t>& p, int64_
     load_row<VEC>(p.out_bias, 0, geo, lane, values);
     add_to<VEC>(acc, values);
   }
+  if constexpr (sizeof(scalar_t) == 2) {
+    if (p.out_bias_f32 != nullptr) {
+      load_row<VEC>(p.out_bias_f32, 0, geo, lane, values);
+      add_to<VEC>(acc, values);
+    }
+  }
   if (residual.loaded) {
     add_to<VEC>(acc, residual.values);
   } else if (p.out_residual != nullptr) {
@@ -761,6 +771,21 @@ __device__ __forceinline__ void add_out_extras(const Params<scalar_t>& p, int64_
   }
 }
 
+// A forward row's store: in the features' type, or in fp32 where the call asked
+// for it (p.out_f32). The choice is a warp-uniform branch at each row's end,
+// not a template parameter: it would double every 16-bit forward build for a
+// store per row.
+template <int VEC, typename scalar_t, bool ONCE = false>
+__device__ __forceinline__ void store_out_row(const Params<scalar_t>& p, int64_t row, const LaneGeometry& geo,
+                                              const Lane<VEC>& lane, const Chunks<VEC>& acc) {
+  if constexpr (sizeof(scalar_t) == 2) {
+    if (p.out_f32 != nullptr) {
+      store_row<VEC, float, ONCE>(p.out_f32, row, geo, lane, acc);
+      return;
+    }
+  }
+  store_row<VEC, scalar_t, ONCE>(p.out, row, geo, lane, acc);
+}
 
 }  // namespace
 }  // namespace attention
