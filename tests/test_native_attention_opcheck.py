@@ -4,8 +4,8 @@ torch.compile traces with) and its dispatch, on real inputs of every feature and
 features, on a graph of light rows and on one whose hub row is cut into tiles.
 
 The ops carry no autograd of their own (ops/attention_native.py wraps them in autograd functions), so their
-inputs take no gradient here. GAT's packed_grads (written in place, returned as views) stay out: the layer
-path that passes them runs inside gnnio::graph_attention's custom op, never traced op by op.
+inputs take no gradient here. GAT's packed_grads are written in place (the schema declares it) and the ops
+return empty tensors in their place.
 """
 
 from __future__ import annotations
@@ -103,6 +103,13 @@ def test_gat_ops(name, edges, dtype, index_dtype):
         *plan.csc_args, *tensors, grad_out, row_stats, 0.2, dropout, SEED, OFFSET, True)
     _check(torch.ops.gnnio.gat_attention_backward_target_from_edges, *plan.csr_args, *tensors, edge_grads,
            an.edge_grad_slots(graph))
+    # packed_grads: rows of (d x_src, d alpha_src, d alpha_dst), written in place
+    assert graph.num_src_nodes == graph.num_dst_nodes
+    packed = torch.full((graph.num_src_nodes, HEADS * CHANNELS + 2 * HEADS), float("nan"), dtype=dtype, device="cuda")
+    _check(torch.ops.gnnio.gat_attention_backward_source, *plan.csc_args, *tensors, grad_out, row_stats, 0.2,
+           dropout, SEED, OFFSET, True, packed)
+    _check(torch.ops.gnnio.gat_attention_backward_target_from_edges, *plan.csr_args, *tensors, edge_grads,
+           an.edge_grad_slots(graph), packed)
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)

@@ -337,6 +337,10 @@ class _FusedAttention(torch.autograd.Function):
                     *csc, *typed, grad_out, row_stats, *call.score_args(), True, packed)
                 grad_dst = torch.ops.gnnio.gat_attention_backward_target_from_edges(
                     *csr, *typed, edge_grads, edge_grad_slots(call.graph), packed)
+                if packed is not None:  # the ops wrote the three into packed's rows
+                    width = heads * channels
+                    grad_msg = packed[:, :width].view(rows, heads, channels)
+                    grad_src_scalar, grad_dst = packed[:, width:width + heads], packed[:, width + heads:]
             else:
                 grad_msg, grad_key, grad_edge, edge_grads = torch.ops.gnnio.dot_attention_backward_source(
                     *csc, *typed, grad_out, row_stats, *call.score_args(), True, plan.hinted_csc)
@@ -638,12 +642,18 @@ def _register_fakes() -> None:
     def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
           num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, grad_out, row_stats, negative_slope, dropout, seed,
           offset, write_edge_grads, packed_grads=None):
+        if packed_grads is not None:  # written in place (see the schema)
+            heads, channels = x_src.shape[1:]
+            return (x_src.new_empty(0, heads, channels), x_src.new_empty(0, heads),
+                    *edge_outputs(indices, x_src, edge_alpha, write_edge_grads))
         return (node_rows(indptr, x_src), node_rows(indptr, x_src, per_head=False),
                 *edge_outputs(indices, x_src, edge_alpha, write_edge_grads))
 
     @torch.library.register_fake("gnnio::gat_attention_backward_target_from_edges")
     def _(indptr, indices, eid, tile_row, tile_start, heavy_rows, heavy_tile_ptr, tile_edges, row_order,
           num_busy_rows, x_src, alpha_src, alpha_dst, edge_alpha, edge_grads, edge_grad_slots, packed_grads=None):
+        if packed_grads is not None:  # written in place (see the schema)
+            return x_src.new_empty(0, x_src.shape[1])
         return node_rows(indptr, x_src, per_head=False)
 
     # GATv2: x_src, x_dst, att, edge

@@ -17,8 +17,9 @@
 //     edge_grad_slots int64 [E]: the CSC slot of each CSR slot) -> grad_alpha_dst
 //     [Nd, H]: each target's sum of its in-edges' edge_grads.
 //   packed_grads (as many sources as targets): [N, H*C + 2H] whose rows take
-//     (d x_src, d alpha_src, d alpha_dst); the source pass returns the first two
-//     as views of it, the target pass from edges the third: a layer that
+//     (d x_src, d alpha_src, d alpha_dst), written in place: the source pass
+//     writes the first two (and returns [0, H, C] and [0, H] in their places),
+//     the target pass from edges the third (and returns [0, H]): a layer that
 //     projected all three from one x (GATConv) then takes x's gradient in one
 //     GEMM over these rows.
 #include "host.cuh"
@@ -64,6 +65,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward_source(
   auto [grad_x_src, no_key, grad_alpha_src, grad_edge_alpha, edge_grads] = attention_backward_source<kGat>(
       GNNIO_ATTENTION_GRAPH_NAMES, x_src, {}, {}, alpha_src, alpha_dst, {}, edge_alpha, grad_out, row_stats,
       negative_slope, 1.0, dropout, seed, offset, write_edge_grads, packed_grads, {});
+  if (packed_grads.has_value()) {  // written into packed_grads' rows; no output aliases an input
+    grad_x_src = x_src.new_empty({0, x_src.size(1), x_src.size(2)});
+    grad_alpha_src = x_src.new_empty({0, x_src.size(1)});
+  }
   return {grad_x_src, grad_alpha_src, grad_edge_alpha, edge_grads};
 }
 
@@ -71,8 +76,11 @@ at::Tensor gat_backward_target_from_edges(GNNIO_ATTENTION_GRAPH_PARAMS, const at
                                           const at::Tensor& alpha_src, const at::Tensor& alpha_dst,
                                           const Optional& edge_alpha, const at::Tensor& edge_grads,
                                           const at::Tensor& edge_grad_slots, const Optional& packed_grads) {
-  return attention_backward_target_from_edges<kGat>(GNNIO_ATTENTION_GRAPH_NAMES, x_src, {}, {}, alpha_src, alpha_dst,
-                                                    {}, edge_alpha, edge_grads, edge_grad_slots, packed_grads, {});
+  at::Tensor grad_alpha_dst = attention_backward_target_from_edges<kGat>(
+      GNNIO_ATTENTION_GRAPH_NAMES, x_src, {}, {}, alpha_src, alpha_dst, {}, edge_alpha, edge_grads, edge_grad_slots,
+      packed_grads, {});
+  // written into packed_grads' last H columns; no output aliases an input
+  return packed_grads.has_value() ? x_src.new_empty({0, x_src.size(1)}) : grad_alpha_dst;
 }
 
 }  // namespace
@@ -92,9 +100,9 @@ TORCH_LIBRARY_FRAGMENT(gnnio, m) {
         "Tensor grad_out, Tensor lse, float negative_slope, " GNNIO_ATTENTION_DROPOUT_SCHEMA ") -> (Tensor, Tensor)");
   m.def("gat_attention_backward_source(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_GAT_TENSORS
         "Tensor grad_out, Tensor row_stats, float negative_slope, " GNNIO_ATTENTION_DROPOUT_SCHEMA
-        ", bool write_edge_grads, Tensor? packed_grads=None) -> (Tensor, Tensor, Tensor, Tensor)");
+        ", bool write_edge_grads, Tensor(a!)? packed_grads=None) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("gat_attention_backward_target_from_edges(" GNNIO_ATTENTION_GRAPH_SCHEMA GNNIO_GAT_TENSORS
-        "Tensor edge_grads, Tensor edge_grad_slots, Tensor? packed_grads=None) -> Tensor");
+        "Tensor edge_grads, Tensor edge_grad_slots, Tensor(a!)? packed_grads=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gnnio, CUDA, m) {
