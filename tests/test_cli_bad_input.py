@@ -279,6 +279,11 @@ CASES = [
          "--heads 3 does not divide --features 128"),
     pytest.param(Case("run --layer gat --graph {inp}/good.h5 --gpus 2 --device cuda", 1, "--device cuda"),
                  id="run-gpus-cuda-without-gpu", marks=NO_GPU),
+    case("run-gpu-memory-on-cpu", "run --layer gat --graph {inp}/good.h5 --gpus 2 --device cpu --gpu-memory 80", 1,
+         "--gpu-memory 80: caps a GPU's memory; the device is cpu"),
+    case("run-gpu-memory-without-gpus", "run --layer gat --gpu-memory 80", 2, "--gpu-memory caps the GPUs of distributed"),
+    case("run-gpu-memory-zero", "run --layer gat --graph {inp}/good.h5 --gpus 2 --device cpu --gpu-memory 0", 2,
+         "--gpu-memory"),
     # ----------------------------------------------------------- profile-degree
     case("profile-missing", "profile-degree {inp}/absent.h5", 1, "absent.h5: no such file"),
     case("profile-version-string", "profile-degree {inp}/version_string.h5", 1, "format_version is 'abc'"),

@@ -157,3 +157,27 @@ def test_run_under_torchrun_joins_its_group(tmp_path, capsys, monkeypatch):
     status, _, err = run_gnnio(["run", "--layer", "gcn", "--graph", path, "--device", "cpu", "--gpus", "2"],
                                capsys, monkeypatch)
     assert status == 2 and "--gpus 2: torchrun started 1 ranks" in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_memory_cap_makes_the_baseline_run_out_of_memory(tmp_path):
+    """--gpu-memory: a process capped below what the model needs runs out of memory as a smaller GPU would (the
+    baseline reports it); uncapped, the same baseline runs."""
+    import subprocess
+    import sys
+
+    from gnnio_cli.bench.distributed import RunSettings, baseline_step
+    from gnnio_cli.graph.store import load
+
+    path = _stored(tmp_path)
+    settings = RunSettings(graph=str(path), layer="gatv2", features=256, heads=4, dtype="fp32", device="cuda",
+                           order="none", warmup=1, repeat=2, seed=0)
+    assert "step_ms" in baseline_step(settings, load(path).graph)
+    # in a process of its own: the cap stays with the process that sets it
+    capped = ("from gnnio_cli.bench.distributed import RunSettings, baseline_step; from gnnio_cli.graph.store import load; "
+              f"s = RunSettings(graph={str(path)!r}, layer='gatv2', features=256, heads=4, dtype='fp32', device='cuda', "
+              "order='none', warmup=1, repeat=2, seed=0, gpu_memory_gib=0.0005); "
+              "print(baseline_step(s, load(s.graph).graph))")
+    done = subprocess.run([sys.executable, "-c", capped], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "out of memory" in done.stdout

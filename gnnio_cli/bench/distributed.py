@@ -26,6 +26,7 @@ import torch.distributed as dist
 from gnnio_cli.bench import workloads
 from gnnio_cli.bench.timing import time_call
 from gnnio_cli.distributed.exchange import ExchangeLog
+from gnnio_cli.errors import GnnioError
 from gnnio_cli.graph import Graph
 
 DEPTH = 2
@@ -49,6 +50,7 @@ class RunSettings:
     warmup: int
     repeat: int
     seed: int
+    gpu_memory_gib: Optional[float] = None  # each GPU's memory capped at this, as a smaller GPU holds
 
     def layer_settings(self, device) -> workloads.Settings:
         return workloads.Settings(self.layer, self.features, self.heads, self.dtype, str(device), self.seed)
@@ -79,9 +81,23 @@ def _model(settings: RunSettings, device) -> Stack:
 
 
 def _device(settings: RunSettings) -> torch.device:
+    """This process's device, its memory capped at settings.gpu_memory_gib (see cap_gpu_memory)."""
     if torch.device(settings.device).type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", torch.cuda.current_device())
+        cap_gpu_memory(device, settings.gpu_memory_gib)
+        return device
     return torch.device("cpu")
+
+
+def cap_gpu_memory(device: torch.device, gib: Optional[float]) -> None:
+    """Let this process use at most `gib` GiB of `device` (PyTorch's per-process memory fraction), so that a
+    model runs out of memory where a GPU of that size would; nothing where gib is None."""
+    if gib is None:
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    if gib * 2**30 > total:
+        raise GnnioError(f"--gpu-memory {gib:g}: the GPU holds {total / 2**30:.1f} GiB")
+    torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total, device)
 
 
 def _features(rows: int, settings: RunSettings, device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,9 +176,8 @@ def rank_step(rank: int, world_size: int, settings: RunSettings) -> dict:
 
 def baseline_step(settings: RunSettings, graph: Graph) -> dict:
     """The same model on the whole graph on one device: {"step_ms": ...} or {"error": "out of memory ..."}."""
-    device = torch.device(settings.device)
+    device = _device(settings)
     if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.reset_peak_memory_stats(device)
     try:
         graph = graph.to(device)
@@ -201,7 +216,6 @@ def run_distributed(settings: RunSettings, ranks: int, *, baseline: bool, timeou
     from gnnio_cli.bench.report import environment
     from gnnio_cli.distributed import ensure_partition
     from gnnio_cli.distributed.launch import run_ranks, under_torchrun
-    from gnnio_cli.errors import GnnioError
     from gnnio_cli.graph.store import load, read_attrs
 
     from gnnio_cli.distributed.partition import check_options
@@ -212,6 +226,11 @@ def run_distributed(settings: RunSettings, ranks: int, *, baseline: bool, timeou
     device = workloads.check_device(settings.device)
     if device.type == "cuda" and not under_torchrun() and ranks > torch.cuda.device_count():
         raise GnnioError(f"--gpus {ranks}: only {torch.cuda.device_count()} GPUs are visible")
+    if settings.gpu_memory_gib is not None:
+        if device.type != "cuda":
+            raise GnnioError(f"--gpu-memory {settings.gpu_memory_gib:g}: caps a GPU's memory; the device is {device}")
+        if settings.gpu_memory_gib * 2**30 > torch.cuda.get_device_properties(device).total_memory:
+            cap_gpu_memory(device, settings.gpu_memory_gib)  # its one-line error, before any rank starts
     if not under_torchrun():  # made here, so no rank waits on a collective while rank 0 partitions a large graph
         ensure_partition(settings.graph, ranks, order=settings.order, seed=settings.seed)
     results = run_ranks(rank_step, ranks, (settings,), device=settings.device, timeout=timeout)

@@ -100,6 +100,9 @@ def distributed_options(fn):
                          help="Distributed mode: also time the model on the whole graph on one device."),
             click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1),
                          help="Distributed mode: seconds a collective may wait for the other ranks."),
+            click.option("--gpu-memory", "gpu_memory", type=click.FloatRange(min=0, min_open=True), default=None,
+                         help="Distributed mode: cap each GPU's memory at this many GiB, ranks and baseline alike "
+                              "(will the model fit a smaller GPU?)."),
         ]
     ):
         fn = decorator(fn)

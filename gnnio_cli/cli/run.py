@@ -23,7 +23,7 @@ from gnnio_cli.cli.output import DelayedProgress, emit_json, key_value_table, st
 @options.distributed_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 def command(layer, graph, features, heads, dtype, device, backend, aggregation_only, backward, repeat, warmup, seed, profile,
-            batch_size, fanout, classes, steps, rounds, against, ranks, order, baseline, timeout, as_json):
+            batch_size, fanout, classes, steps, rounds, against, ranks, order, baseline, timeout, gpu_memory, as_json):
     """Run LAYER on a graph with seeded random weights and features.
 
     Prints forward and forward+backward time (median, min, max over --repeat
@@ -55,8 +55,10 @@ def command(layer, graph, features, heads, dtype, device, backend, aggregation_o
         if unused:
             raise click.UsageError(f"--gpus trains a 2-layer model on the whole graph; {', '.join(unused)} does not apply")
         show_distributed(layer, graph, features, heads, dtype, report.default_device(device), order, warmup, repeat,
-                         seed, ranks, baseline, timeout, as_json)
+                         seed, ranks, baseline, timeout, gpu_memory, as_json)
         return
+    if gpu_memory is not None:
+        raise click.UsageError("--gpu-memory caps the GPUs of distributed mode; give --gpus N")
 
     if options.check_minibatch(batch_size, fanout):
         show_minibatch([layer], graph, fanout, batch_size, features, classes, heads, device, against, warmup, steps,
@@ -114,12 +116,13 @@ def show_minibatch(layers, graph, fanout, batch_size, features, classes, heads, 
 
 
 def show_distributed(layer, graph, features, heads, dtype, device, order, warmup, repeat, seed, ranks, baseline, timeout,
-                     as_json) -> None:
+                     gpu_memory, as_json) -> None:
     """Run and print distributed mode (see `command`)."""
     from gnnio_cli.bench import distributed
 
     settings = distributed.RunSettings(graph=graph, layer=layer, features=features, heads=heads, dtype=dtype,
-                                       device=device, order=order, warmup=warmup, repeat=repeat, seed=seed)
+                                       device=device, order=order, warmup=warmup, repeat=repeat, seed=seed,
+                                       gpu_memory_gib=gpu_memory)
     with DelayedProgress((f"training a {distributed.DEPTH}-layer {layer} on {ranks} ranks",), enabled=not as_json):
         document = distributed.run_distributed(settings, ranks, baseline=baseline, timeout=timeout)
     if document is None:  # a torchrun rank other than 0: rank 0 reports for all
