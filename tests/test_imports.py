@@ -108,3 +108,11 @@ def test_bench_sits_below_cli():
         if module.startswith("gnnio_cli.bench")
     }
     assert {module: targets for module, targets in offenders.items() if targets} == {}
+
+
+def test_the_layer_package_exports_every_layer():
+    """gnnio_cli.nn's __all__ names every layer of LAYERS, each a class of the package."""
+    import gnnio_cli.nn as gnnio_nn
+
+    assert set(gnnio_nn.LAYERS) <= set(gnnio_nn.__all__)
+    assert all(isinstance(getattr(gnnio_nn, name), type) for name in gnnio_nn.LAYERS)

@@ -81,5 +81,4 @@ def copy_bandwidth_gbs(device: torch.device, megabytes: int = 1024, repeat: int 
     source = torch.rand(count, device=device)
     target = torch.empty_like(source)
     timing = time_call(lambda: target.copy_(source), device, warmup=3, repeat=repeat)
-    del source, target
     return 2 * count * 4 / (timing.median_ms * 1e-3) / 1e9

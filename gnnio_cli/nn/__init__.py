@@ -43,4 +43,5 @@ from gnnio_cli.nn.patch import patch_pyg
 from gnnio_cli.nn.sage import GINConv, SAGEConv
 from gnnio_cli.nn.transformer import AGNNConv, TransformerConv
 
-__all__ = [*LAYERS, "Linear", "LAYERS", "patch_pyg"]
+__all__ = ["GCNConv", "SAGEConv", "GINConv", "GATConv", "GATv2Conv", "TransformerConv", "AGNNConv",  # LAYERS
+           "Linear", "LAYERS", "patch_pyg"]

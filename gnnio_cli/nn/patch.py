@@ -21,6 +21,7 @@ tools that look for one (``torch_geometric.explain``'s edge masks) work on them.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -54,7 +55,7 @@ class PygPatch:
 def patch_pyg() -> PygPatch:
     """Swap torch_geometric's layer classes for gnnio's; returns a handle (also a context manager)."""
     try:
-        import torch_geometric.nn  # noqa: F401  (loads the namespaces to patch)
+        importlib.import_module("torch_geometric.nn")  # loads the namespaces to patch
         import torch_geometric.nn.conv as pyg_conv
     except ImportError as err:
         raise GnnioError(f"patch_pyg: torch_geometric is not importable ({err}); install it with 'pip install torch-geometric'") from None
